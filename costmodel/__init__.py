@@ -1,0 +1,11 @@
+"""Everything that predicts or measures a step time: graphs, clusters, op costs, the simulator."""
+
+from . import presets, synthetic
+from .cluster import Cluster, ClusterError, Device
+from .graph import GraphError, OpGraph
+from .simulate import BatchResult, CostModel, PlacementError, SimResult, Trace
+
+__all__ = [
+    "BatchResult", "Cluster", "ClusterError", "CostModel", "Device", "GraphError", "OpGraph",
+    "PlacementError", "SimResult", "Trace", "presets", "synthetic",
+]

@@ -1,0 +1,271 @@
+"""Cluster: devices, directed links and memory; human-written TOML files.
+
+A cluster file looks like::
+
+    name = "k80x2"
+    [metadata]
+    source = "analytic: datasheet roofline"
+
+    [[devices]]
+    name = "cpu:0"
+    kind = "cpu"
+    memory_bytes = 68719476736
+    peak_flops_per_us = 1.16e6          # datasheet roofline, used without a profile
+    memory_bandwidth_bytes_per_us = 6.8e4
+    launch_overhead_us = 2.0
+
+    [links.default]
+    latency_us = 10.0
+    bandwidth_bytes_per_us = 1.2e4
+
+    [[links.pairs]]                      # optional overrides, one direction each
+    src = "gpu:0"
+    dst = "gpu:1"
+    latency_us = 5.0
+    bandwidth_bytes_per_us = 2.0e4
+    symmetric = true                     # also dst -> src
+
+Units: microseconds, bytes, FLOPs.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+KINDS = ("cpu", "gpu")
+
+# Roofline defaults when a device entry gives none: a modest CPU / GPU.
+_DEFAULT_SPEC = {
+    "cpu": dict(peak_flops_per_us=1.0e5, memory_bandwidth_bytes_per_us=2.0e4, launch_overhead_us=2.0),
+    "gpu": dict(peak_flops_per_us=4.0e6, memory_bandwidth_bytes_per_us=2.4e5, launch_overhead_us=5.0),
+}
+
+
+class ClusterError(ValueError):
+    """A cluster description is malformed; the message names the file, device or field."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """One execution unit; the roofline fields are its analytic op-cost source."""
+
+    name: str
+    kind: str
+    memory_bytes: int
+    peak_flops_per_us: float
+    memory_bandwidth_bytes_per_us: float
+    launch_overhead_us: float
+    cost_source: str = "roofline"
+
+
+@dataclass(eq=False)
+class Cluster:
+    """Devices plus a dense (D x D) matrix of link latency and bandwidth."""
+
+    name: str
+    devices: list[Device]
+    latency_us: np.ndarray
+    bandwidth_bytes_per_us: np.ndarray
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def names(self) -> list[str]:
+        return [d.name for d in self.devices]
+
+    @property
+    def kinds(self) -> list[str]:
+        return [d.kind for d in self.devices]
+
+    @property
+    def memory_bytes(self) -> np.ndarray:
+        return np.array([d.memory_bytes for d in self.devices], np.int64)
+
+    @property
+    def kind_mask(self) -> np.ndarray:
+        """Bit of each device's kind (see ``costmodel.graph.KIND_BITS``)."""
+        from .graph import KIND_BITS
+
+        return np.array([KIND_BITS[d.kind] for d in self.devices], np.uint8)
+
+    def device_index(self, name_or_index) -> int:
+        """Index of a device given by name or index; ClusterError names the unknown one."""
+        if isinstance(name_or_index, (int, np.integer)):
+            i = int(name_or_index)
+            if not 0 <= i < self.n_devices:
+                raise ClusterError(f"cluster {self.name!r}: no device index {i} (has {self.n_devices})")
+            return i
+        for i, d in enumerate(self.devices):
+            if d.name == name_or_index:
+                return i
+        raise ClusterError(
+            f"cluster {self.name!r}: unknown device {name_or_index!r} (devices: {', '.join(self.names)})"
+        )
+
+    # ------------------------------------------------------------------ build
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "cluster") -> "Cluster":
+        """Build from a dict shaped like the TOML file (see the module docstring)."""
+        if not isinstance(d, dict):
+            raise ClusterError(f"{source}: expected a table at top level")
+        name = d.get("name", "cluster")
+        devs_in = d.get("devices")
+        if not isinstance(devs_in, list) or not devs_in:
+            raise ClusterError(f"{source}: needs a non-empty 'devices' list")
+        devices = []
+        for i, e in enumerate(devs_in):
+            where = f"{source}: device {e.get('name', i)!r}" if isinstance(e, dict) else f"{source}: device {i}"
+            if not isinstance(e, dict):
+                raise ClusterError(f"{where}: expected a table")
+            for key in ("name", "kind", "memory_bytes"):
+                if key not in e:
+                    raise ClusterError(f"{where}: missing field {key!r}")
+            kind = e["kind"]
+            if kind not in KINDS:
+                raise ClusterError(f"{where}: kind {kind!r} is not one of {KINDS}")
+            spec = dict(_DEFAULT_SPEC[kind])
+            for key in spec:
+                if key in e:
+                    spec[key] = _positive(e[key], f"{where}: {key}", allow_zero=key == "launch_overhead_us")
+            mem = e["memory_bytes"]
+            if not isinstance(mem, (int, float)) or isinstance(mem, bool) or mem <= 0:
+                raise ClusterError(f"{where}: memory_bytes must be a positive number, got {mem!r}")
+            devices.append(
+                Device(
+                    name=str(e["name"]),
+                    kind=kind,
+                    memory_bytes=int(mem),
+                    cost_source=str(e.get("cost_source", "roofline")),
+                    **spec,
+                )
+            )
+        names = [x.name for x in devices]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ClusterError(f"{source}: duplicate device name {dup!r}")
+        D = len(devices)
+        links = d.get("links", {})
+        if not isinstance(links, dict):
+            raise ClusterError(f"{source}: 'links' must be a table")
+        default = links.get("default")
+        if not isinstance(default, dict):
+            raise ClusterError(f"{source}: needs [links.default] with latency_us and bandwidth_bytes_per_us")
+        lat = np.full((D, D), _link_field(default, "latency_us", f"{source}: links.default", True))
+        bw = np.full((D, D), _link_field(default, "bandwidth_bytes_per_us", f"{source}: links.default"))
+        index = {n: i for i, n in enumerate(names)}
+        for k, p in enumerate(links.get("pairs", [])):
+            where = f"{source}: links.pairs[{k}]"
+            for end in ("src", "dst"):
+                if p.get(end) not in index:
+                    raise ClusterError(f"{where}: unknown device {p.get(end)!r} in {end!r}")
+            s, t = index[p["src"]], index[p["dst"]]
+            pairs = [(s, t), (t, s)] if p.get("symmetric", False) else [(s, t)]
+            for a, b in pairs:
+                if "latency_us" in p:
+                    lat[a, b] = _link_field(p, "latency_us", where, True)
+                if "bandwidth_bytes_per_us" in p:
+                    bw[a, b] = _link_field(p, "bandwidth_bytes_per_us", where)
+        np.fill_diagonal(lat, 0.0)
+        np.fill_diagonal(bw, np.inf)
+        return cls(
+            name=str(name),
+            devices=devices,
+            latency_us=np.ascontiguousarray(lat, np.float64),
+            bandwidth_bytes_per_us=np.ascontiguousarray(bw, np.float64),
+            metadata=dict(d.get("metadata", {})),
+        )
+
+    def to_dict(self) -> dict:
+        """A dict that :meth:`from_dict` reads back to an equal cluster."""
+        D = self.n_devices
+        lat0, bw0 = _mode_offdiag(self.latency_us), _mode_offdiag(self.bandwidth_bytes_per_us)
+        pairs = []
+        for a in range(D):
+            for b in range(D):
+                if a != b and (self.latency_us[a, b] != lat0 or self.bandwidth_bytes_per_us[a, b] != bw0):
+                    pairs.append(
+                        dict(
+                            src=self.devices[a].name,
+                            dst=self.devices[b].name,
+                            latency_us=float(self.latency_us[a, b]),
+                            bandwidth_bytes_per_us=float(self.bandwidth_bytes_per_us[a, b]),
+                        )
+                    )
+        out = {
+            "name": self.name,
+            "metadata": dict(self.metadata),
+            "devices": [
+                dict(
+                    name=x.name,
+                    kind=x.kind,
+                    memory_bytes=int(x.memory_bytes),
+                    peak_flops_per_us=float(x.peak_flops_per_us),
+                    memory_bandwidth_bytes_per_us=float(x.memory_bandwidth_bytes_per_us),
+                    launch_overhead_us=float(x.launch_overhead_us),
+                    cost_source=x.cost_source,
+                )
+                for x in self.devices
+            ],
+            "links": {"default": {"latency_us": float(lat0), "bandwidth_bytes_per_us": float(bw0)}},
+        }
+        if pairs:
+            out["links"]["pairs"] = pairs
+        return out
+
+    def save(self, path) -> None:
+        """Write TOML atomically."""
+        import tomli_w
+
+        from .graph import _atomic_write
+
+        _atomic_write(Path(path), tomli_w.dumps(self.to_dict()).encode())
+
+    def transfer_time_us(self, src: int, dst: int, nbytes: float) -> float:
+        """Time to send ``nbytes`` from device ``src`` to ``dst`` (0 on the same device)."""
+        if src == dst:
+            return 0.0
+        return float(self.latency_us[src, dst] + nbytes / self.bandwidth_bytes_per_us[src, dst])
+
+    def __repr__(self) -> str:
+        return f"Cluster({self.name!r}, devices={self.names})"
+
+
+def load(path) -> Cluster:
+    """Read a cluster TOML file; errors name the file and field."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            d = tomllib.load(f)
+    except FileNotFoundError:
+        raise ClusterError(f"{path}: no such cluster file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ClusterError(f"{path}: malformed TOML ({e})") from None
+    d.setdefault("name", path.name.removesuffix(".toml"))
+    return Cluster.from_dict(d, source=str(path))
+
+
+def _positive(v, where, allow_zero=False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 or (allow_zero and v == 0)):
+        raise ClusterError(f"{where} must be a {'non-negative' if allow_zero else 'positive'} number, got {v!r}")
+    return float(v)
+
+
+def _link_field(d, key, where, allow_zero=False) -> float:
+    if key not in d:
+        raise ClusterError(f"{where}: missing field {key!r}")
+    return _positive(d[key], f"{where}.{key}", allow_zero)
+
+
+def _mode_offdiag(m: np.ndarray) -> float:
+    D = m.shape[0]
+    if D < 2:
+        return float(m[0, 0]) if np.isfinite(m[0, 0]) and m[0, 0] > 0 else 1.0
+    vals, counts = np.unique(m[~np.eye(D, dtype=bool)], return_counts=True)
+    return float(vals[np.argmax(counts)])

@@ -1,0 +1,73 @@
+"""Bundled data: graphs and clusters by name, or from a path.
+
+Names resolve in this order: an existing path; ``data/graphs/NAME.npz`` (or
+``data/clusters/NAME.toml``); for graphs, ``synthetic-1k``, ``synthetic-10k``,
+``synthetic-50k`` (or ``synthetic-N``), generated deterministically on load.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from . import cluster as _cluster
+from . import graph as _graph
+from .synthetic import layered
+
+SYNTHETIC = {"synthetic-1k": 1_000, "synthetic-10k": 10_000, "synthetic-50k": 50_000}
+
+
+class UnknownName(ValueError):
+    """A graph or cluster name that is neither a file nor bundled."""
+
+
+def data_dir() -> Path:
+    """The bundled data folder (override with PLACETOOL_DATA)."""
+    env = os.environ.get("PLACETOOL_DATA")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "data"
+
+
+def list_graphs() -> list[str]:
+    files = sorted(p.name.removesuffix(".npz") for p in (data_dir() / "graphs").glob("*.npz"))
+    return files + list(SYNTHETIC)
+
+
+def list_clusters() -> list[str]:
+    return sorted(p.stem for p in (data_dir() / "clusters").glob("*.toml"))
+
+
+def _synthetic_size(name: str) -> int | None:
+    if name in SYNTHETIC:
+        return SYNTHETIC[name]
+    m = re.fullmatch(r"synthetic-(\d+)(k?)", name)
+    if m:
+        return int(m.group(1)) * (1000 if m.group(2) else 1)
+    return None
+
+
+def load_graph(name_or_path) -> "_graph.OpGraph":
+    """A graph from a file path, a bundled name or a synthetic name."""
+    s = str(name_or_path)
+    p = Path(s)
+    if p.suffix in (".npz",) or p.exists():
+        return _graph.load(p)
+    bundled = data_dir() / "graphs" / f"{s}.npz"
+    if bundled.exists():
+        return _graph.load(bundled)
+    n = _synthetic_size(s)
+    if n is not None:
+        return layered(n, seed=n, name=s)
+    raise UnknownName(f"unknown graph {s!r}: not a file, and not one of {', '.join(list_graphs())}")
+
+
+def load_cluster(name_or_path) -> "_cluster.Cluster":
+    """A cluster from a TOML path or a bundled preset name."""
+    s = str(name_or_path)
+    p = Path(s)
+    if p.suffix == ".toml" or p.exists():
+        return _cluster.load(p)
+    bundled = data_dir() / "clusters" / f"{s}.toml"
+    if bundled.exists():
+        return _cluster.load(bundled)
+    raise UnknownName(f"unknown cluster {s!r}: not a file, and not one of {', '.join(list_clusters())}")
