@@ -1,11 +1,12 @@
 """Everything that predicts or measures a step time: graphs, clusters, op costs, the simulator."""
 
 from . import presets, synthetic
+from .errors import UserError, atomic_write
 from .cluster import Cluster, ClusterError, Device
 from .graph import GraphError, OpGraph
 from .simulate import BatchResult, CostModel, PlacementError, SimResult, Trace
 
 __all__ = [
     "BatchResult", "Cluster", "ClusterError", "CostModel", "Device", "GraphError", "OpGraph",
-    "PlacementError", "SimResult", "Trace", "presets", "synthetic",
+    "PlacementError", "SimResult", "Trace", "UserError", "atomic_write", "presets", "synthetic",
 ]

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import UserError, atomic_write
+
 KINDS = ("cpu", "gpu")
 
 # Roofline defaults when a device entry gives none: a modest CPU / GPU.
@@ -45,7 +47,7 @@ _DEFAULT_SPEC = {
 }
 
 
-class ClusterError(ValueError):
+class ClusterError(UserError):
     """A cluster description is malformed; the message names the file, device or field."""
 
 
@@ -223,9 +225,7 @@ class Cluster:
         """Write TOML atomically."""
         import tomli_w
 
-        from .graph import _atomic_write
-
-        _atomic_write(Path(path), tomli_w.dumps(self.to_dict()).encode())
+        atomic_write(Path(path), tomli_w.dumps(self.to_dict()).encode())
 
     def transfer_time_us(self, src: int, dst: int, nbytes: float) -> float:
         """Time to send ``nbytes`` from device ``src`` to ``dst`` (0 on the same device)."""

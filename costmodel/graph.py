@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import UserError, atomic_write
+
 FORMAT = "placetool.opgraph"
 VERSION = 1
 
@@ -27,7 +29,7 @@ KIND_BITS = {"cpu": 1, "gpu": 2}
 ALL_KINDS = 3
 
 
-class GraphError(ValueError):
+class GraphError(UserError):
     """A graph is malformed; the message names the op or field."""
 
 
@@ -438,7 +440,7 @@ class OpGraph:
                 b = io.BytesIO()
                 np.save(b, np.ascontiguousarray(a), allow_pickle=False)
                 z.writestr(k + ".npy", b.getvalue())
-        _atomic_write(path, buf.getvalue())
+        atomic_write(path, buf.getvalue())
 
 
 def load(path) -> OpGraph:
@@ -601,18 +603,3 @@ def _pack_strings(strings) -> np.ndarray:
 def _unpack_strings(a) -> list[str]:
     s = bytes(np.asarray(a, np.uint8)).decode("utf-8")
     return s.split("\n") if s else []
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

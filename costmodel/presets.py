@@ -13,12 +13,13 @@ from pathlib import Path
 
 from . import cluster as _cluster
 from . import graph as _graph
+from .errors import UserError
 from .synthetic import layered
 
 SYNTHETIC = {"synthetic-1k": 1_000, "synthetic-10k": 10_000, "synthetic-50k": 50_000}
 
 
-class UnknownName(ValueError):
+class UnknownName(UserError):
     """A graph or cluster name that is neither a file nor bundled."""
 
 

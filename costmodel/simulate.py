@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from . import kernels
+from .errors import UserError
 from .profile import op_time_matrix
 
 
-class PlacementError(ValueError):
+class PlacementError(UserError):
     """A placement does not fit the graph or cluster; the message names the op or device."""
 
 

@@ -1,0 +1,81 @@
+"""``placetool simulate``: score one placement with the compiled simulator."""
+
+from __future__ import annotations
+
+import re
+
+import click
+import numpy as np
+
+from costmodel.errors import UserError
+
+from .common import (check_writable, cluster_option, emit_json, fmt_us, graph_option,
+                     json_option, load_problem, write_json)
+
+
+def parse_placement(spec: str, cm) -> np.ndarray:
+    """SPEC: a placement JSON file, ``single:DEVICE``, ``round-robin`` or ``random[:SEED]``.
+
+    ``round-robin`` and ``random`` assign whole groups, to devices that can run them.
+    """
+    g, cl = cm.graph, cm.cluster
+    if spec.startswith("single:"):
+        return cm.single_device(spec.split(":", 1)[1])
+    if spec == "round-robin":
+        return g.to_placement(_assign_groups(cm, lambda k, ok: ok[k % len(ok)]))
+    m = re.fullmatch(r"random(?::(\d+))?", spec)
+    if m:
+        rng = np.random.default_rng(int(m.group(1) or 0))
+        return g.to_placement(_assign_groups(cm, lambda k, ok: ok[rng.integers(len(ok))]))
+    if spec.endswith(".json") or "/" in spec:
+        return cm.load_placement(spec)
+    raise UserError(
+        f"placement {spec!r}: expected a JSON file, 'single:DEVICE', 'round-robin' or 'random[:SEED]'"
+    )
+
+
+def _assign_groups(cm, choose) -> np.ndarray:
+    out = np.empty(cm.graph.n_groups, np.int32)
+    for k in range(cm.graph.n_groups):
+        ok = np.flatnonzero(cm.group_device_ok[k])
+        out[k] = choose(k, ok)
+    return out
+
+
+@click.command()
+@graph_option()
+@cluster_option()
+@click.option("--placement", "-p", default="round-robin", show_default=True,
+              help="A placement JSON file, single:DEVICE, round-robin or random[:SEED].")
+@click.option("--profile", default=None, help="A measured profile (placetool calibrate) for op times.")
+@json_option
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Chrome trace (Perfetto).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a per-device Gantt PNG.")
+def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path):
+    """Simulate one placement of GRAPH on CLUSTER and print its step time."""
+    check_writable(trace_path)
+    check_writable(plot_path)
+    g, cl, cm = load_problem(graph, cluster, profile)
+    p = parse_placement(placement, cm)
+    want_trace = bool(trace_path or plot_path)
+    r = cm.simulate(p, trace=want_trace)
+    if want_trace and r.trace is None:
+        raise UserError(f"no trace: placement is invalid ({r.reason})")
+    if trace_path:
+        write_json(trace_path, r.trace.to_chrome(g, cl))
+    if plot_path:
+        r.trace.plot(g, cl, plot_path)
+    out = {"graph": g.name, "cluster": cl.name, "placement": placement, **r.to_dict(),
+           "lower_bound_us": cm.lower_bound_us()}
+    if as_json:
+        emit_json(out)
+        return
+    click.echo(f"{g.name} ({g.n_ops} ops) on {cl.name}, placement {placement}")
+    click.echo(f"step time   {fmt_us(r.step_time_us)}   (lower bound {fmt_us(out['lower_bound_us'])})")
+    click.echo(f"feasible    {'yes' if r.feasible else 'no: ' + str(r.reason)}")
+    for name, b, m, cap in zip(cl.names, r.busy_us, r.peak_memory_bytes, cm.capacity):
+        click.echo(f"  {name:<10} busy {fmt_us(b):>12}   peak memory {m / 2**20:10,.1f} MiB of {cap / 2**30:,.0f} GiB")
+    if trace_path:
+        click.echo(f"trace written to {trace_path}")
+    if plot_path:
+        click.echo(f"plot written to {plot_path}")

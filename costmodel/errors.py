@@ -1,0 +1,27 @@
+"""Errors that mean "the user gave something wrong", and safe file writing."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+class UserError(ValueError):
+    """Bad input from a user: the CLI prints the message on one line and exits 2."""
+
+
+def atomic_write(path, data: bytes | str) -> None:
+    """Write a file all at once: readers never see a half-written file."""
+    path = Path(path)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
