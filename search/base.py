@@ -1,0 +1,287 @@
+"""The one shape every search method has.
+
+A method is a function ``method(problem, budget, seed, tracker, **options)`` registered
+under a name; :func:`run` builds the :class:`Tracker` (which counts evaluations and
+time, keeps the best placement seen and the best-so-far history) and returns a
+:class:`SearchResult`. Methods only propose group assignments and ask the tracker to
+score them; they never see the simulator directly, so budgets and bookkeeping are
+honest for all of them.
+
+>>> from costmodel import CostModel, presets
+>>> from search import Problem, Budget, run
+>>> cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x2"))
+>>> r = run("single", Problem(cm), Budget(evals=10), seed=0)
+>>> r.feasible
+True
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from costmodel.errors import UserError
+
+
+class SearchError(UserError):
+    """A search cannot run as asked (unknown method, bad budget, nothing fits)."""
+
+
+# ----------------------------------------------------------------- problem
+class Problem:
+    """A placement problem: a CostModel, its groups and which devices each group may use.
+
+    A solution is a *group assignment*: an int array with one device index per group.
+    """
+
+    def __init__(self, cost_model):
+        self.cost_model = cost_model
+        g, cl = cost_model.graph, cost_model.cluster
+        self.graph, self.cluster = g, cl
+        self.n_groups, self.n_devices = g.n_groups, cl.n_devices
+        #: (groups x devices) bool: the device kind can run every op of the group
+        self.allowed = np.ascontiguousarray(cost_model.group_device_ok)
+        #: persistent bytes of each group (parameters)
+        self.group_param_bytes = np.bincount(g.group, weights=g.param_bytes, minlength=self.n_groups).astype(np.int64)
+        #: compute time of each group on each device (sum of its ops' T; inf where no kernel)
+        T = np.where(np.isfinite(cost_model.T), cost_model.T, 0.0)
+        self.group_time = np.zeros((self.n_groups, self.n_devices))
+        np.add.at(self.group_time, g.group, T)
+        self.group_time[~self.allowed] = np.inf
+        self._check_fits()
+
+    def _check_fits(self) -> None:
+        cap = self.cost_model.capacity
+        if not np.all(self.allowed.any(axis=1)):
+            k = int(np.flatnonzero(~self.allowed.any(axis=1))[0])
+            op = self.graph.names[self.graph.group_ops[k][0]]
+            raise SearchError(f"group of op {op!r} has no device in cluster {self.cluster.name!r} that can run it")
+        best_cap = np.where(self.allowed, cap[None, :], 0).max(axis=1)
+        too_big = np.flatnonzero(self.group_param_bytes > best_cap)
+        if too_big.size:
+            k = int(too_big[0])
+            op = self.graph.names[self.graph.group_ops[k][0]]
+            raise SearchError(
+                f"cluster {self.cluster.name!r} cannot hold the parameters of the group of op {op!r} "
+                f"({int(self.group_param_bytes[k]):,} bytes) on any device it may use"
+            )
+        if self.group_param_bytes.sum() > cap.sum():
+            raise SearchError(
+                f"cluster {self.cluster.name!r} has {int(cap.sum()):,} bytes of memory in all, less than "
+                f"the graph's {int(self.group_param_bytes.sum()):,} parameter bytes: no placement fits"
+            )
+
+    def placement(self, assignment) -> np.ndarray:
+        """Per-op placement of a group assignment."""
+        return self.graph.to_placement(assignment)
+
+    def is_valid(self, assignment) -> bool:
+        """Every group on a device that may run it."""
+        a = np.asarray(assignment)
+        return a.shape == (self.n_groups,) and bool(np.all(self.allowed[np.arange(self.n_groups), a]))
+
+    def random_assignment(self, rng: np.random.Generator) -> np.ndarray:
+        """A uniformly random valid assignment."""
+        u = rng.random((self.n_groups, self.n_devices)) * self.allowed
+        return np.argmax(u, axis=1).astype(np.int32)
+
+    def lower_bound_us(self) -> float:
+        return self.cost_model.lower_bound_us()
+
+
+# ------------------------------------------------------------------ budget
+@dataclass(frozen=True)
+class Budget:
+    """How much a method may spend: evaluations, seconds, or both (whichever ends first)."""
+
+    evals: int | None = None
+    seconds: float | None = None
+
+    def __post_init__(self):
+        if self.evals is None and self.seconds is None:
+            raise SearchError("a budget needs evaluations or seconds")
+        if self.evals is not None and (not isinstance(self.evals, (int, np.integer)) or self.evals <= 0):
+            raise SearchError(f"budget evaluations must be a positive integer, got {self.evals!r}")
+        if self.seconds is not None and not self.seconds > 0:
+            raise SearchError(f"budget seconds must be positive, got {self.seconds!r}")
+
+
+class ProgressCallback(Protocol):
+    def __call__(self, evaluations: int, seconds: float, best_step_us: float) -> None: ...
+
+
+# ----------------------------------------------------------------- tracker
+class BudgetExhausted(Exception):
+    """Raised inside a method when it asks for more evaluations than the budget holds."""
+
+
+class Tracker:
+    """Scores assignments for a method, counts them and remembers the best.
+
+    The best is the fastest *feasible* assignment; until one is seen, the fastest
+    infeasible one. ``history`` holds (evaluations, seconds, best step time) each time
+    the best improves.
+    """
+
+    def __init__(self, problem: Problem, budget: Budget, progress: ProgressCallback | None = None):
+        self.problem = problem
+        self.budget = budget
+        self.progress = progress
+        self.t0 = time.perf_counter()
+        self.evaluations = 0
+        self.best_assignment: np.ndarray | None = None
+        self.best_step_us = np.inf
+        self.best_feasible = False
+        self.history: list[tuple[int, float, float]] = []
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def remaining_evals(self) -> int:
+        """Evaluations left (a large number when only seconds bound the search)."""
+        if self.budget.evals is None:
+            return 1 << 62
+        return max(0, self.budget.evals - self.evaluations)
+
+    def done(self) -> bool:
+        """True once the budget is spent."""
+        if self.budget.evals is not None and self.evaluations >= self.budget.evals:
+            return True
+        return self.budget.seconds is not None and self.seconds >= self.budget.seconds
+
+    def evaluate(self, assignments) -> "EvalResult":
+        """Score a (B x groups) batch (or one assignment); truncated to the budget left.
+
+        Raises :class:`BudgetExhausted` if no evaluation is left at all.
+        """
+        A = np.atleast_2d(np.asarray(assignments, dtype=np.int32))
+        if self.done():
+            raise BudgetExhausted
+        A = A[: self.remaining_evals()]
+        r = self.problem.cost_model.simulate_batch(A)
+        self.record(A, r.step_time_us, r.feasible)
+        return EvalResult(A, r.step_time_us, r.feasible, r.peak_memory_bytes)
+
+    def record(self, A, step, feasible) -> None:
+        """Count evaluations scored elsewhere (e.g. by an incremental simulator)."""
+        A = np.atleast_2d(A)
+        self.evaluations += len(A)
+        for i in range(len(A)):
+            better = (feasible[i] and (not self.best_feasible or step[i] < self.best_step_us)) or (
+                not self.best_feasible and not feasible[i] and step[i] < self.best_step_us
+            )
+            if better:
+                self.best_assignment = np.array(A[i], np.int32)
+                self.best_step_us = float(step[i])
+                self.best_feasible = bool(feasible[i])
+                self.history.append((self.evaluations - len(A) + i + 1, self.seconds, self.best_step_us))
+        if self.progress is not None:
+            self.progress(self.evaluations, self.seconds, self.best_step_us)
+
+
+@dataclass
+class EvalResult:
+    assignments: np.ndarray
+    step_time_us: np.ndarray
+    feasible: np.ndarray
+    peak_memory_bytes: np.ndarray
+
+
+# ------------------------------------------------------------------ result
+@dataclass
+class SearchResult:
+    """What every method returns."""
+
+    method: str
+    assignment: np.ndarray
+    placement: np.ndarray
+    step_time_us: float
+    feasible: bool
+    evaluations: int
+    seconds: float
+    lower_bound_us: float
+    history: list = field(default_factory=list)
+    metadata: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "method": self.method,
+            "step_time_us": float(self.step_time_us),
+            "feasible": bool(self.feasible),
+            "lower_bound_us": float(self.lower_bound_us),
+            "evaluations": int(self.evaluations),
+            "seconds": float(self.seconds),
+            "history": [{"evaluations": e, "seconds": s, "best_step_us": b} for e, s, b in self.history],
+            "metadata": self.metadata,
+        }
+
+
+# ---------------------------------------------------------------- registry
+Method = Callable[..., dict | None]
+REGISTRY: dict[str, Method] = {}
+_LAZY: dict[str, str] = {}  # name -> module that registers it on import
+
+
+def register(name: str):
+    """Decorator: make a method reachable as ``run(name, ...)`` / ``--method name``."""
+
+    def deco(fn):
+        REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+def register_lazy(name: str, module: str) -> None:
+    """Name a method whose module is imported only when it is asked for (e.g. TF policies)."""
+    _LAZY[name] = module
+
+
+def methods() -> list[str]:
+    """All method names."""
+    return sorted(set(REGISTRY) | set(_LAZY))
+
+
+def get(name: str) -> Method:
+    if name not in REGISTRY and name in _LAZY:
+        import importlib
+
+        importlib.import_module(_LAZY[name])
+    if name not in REGISTRY:
+        raise SearchError(f"unknown method {name!r} (known: {', '.join(methods())})")
+    return REGISTRY[name]
+
+
+def run(name: str, problem: Problem, budget: Budget, seed: int = 0,
+        progress: ProgressCallback | None = None, **options) -> SearchResult:
+    """Run method ``name`` on ``problem`` within ``budget``; same seed, same answer.
+
+    The method may return a dict of metadata. If it scored nothing, its result is
+    whatever it left in the tracker; a method that scores nothing at all is an error.
+    """
+    method = get(name)
+    tracker = Tracker(problem, budget, progress)
+    meta = None
+    try:
+        meta = method(problem, budget, seed, tracker, **options)
+    except BudgetExhausted:
+        pass
+    if tracker.best_assignment is None:
+        raise SearchError(f"method {name!r} evaluated no placement within the budget")
+    a = tracker.best_assignment
+    return SearchResult(
+        method=name,
+        assignment=a,
+        placement=problem.placement(a),
+        step_time_us=tracker.best_step_us,
+        feasible=tracker.best_feasible,
+        evaluations=tracker.evaluations,
+        seconds=tracker.seconds,
+        lower_bound_us=problem.lower_bound_us(),
+        history=tracker.history,
+        metadata=dict(meta or {}),
+    )
