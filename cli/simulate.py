@@ -16,11 +16,15 @@ from .common import (check_writable, cluster_option, emit_json, fmt_us, graph_op
 def parse_placement(spec: str, cm) -> np.ndarray:
     """SPEC: a placement JSON file, ``single:DEVICE``, ``round-robin`` or ``random[:SEED]``.
 
-    ``round-robin`` and ``random`` assign whole groups, to devices that can run them.
+    ``single:DEVICE`` puts every op that has a kernel there on DEVICE (pinned groups go
+    to the first device that can run them); ``round-robin`` and ``random`` deal whole
+    groups to devices that can run them.
     """
     g, cl = cm.graph, cm.cluster
     if spec.startswith("single:"):
-        return cm.single_device(spec.split(":", 1)[1])
+        d = cl.device_index(spec.split(":", 1)[1])
+        ok = cm.group_device_ok
+        return g.to_placement(np.where(ok[:, d], d, np.argmax(ok, axis=1)))
     if spec == "round-robin":
         return g.to_placement(_assign_groups(cm, lambda k, ok: ok[k % len(ok)]))
     m = re.fullmatch(r"random(?::(\d+))?", spec)

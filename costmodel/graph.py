@@ -283,7 +283,8 @@ class OpGraph:
         if np.any(self.edge_tensor >= nt):
             e = int(np.flatnonzero(self.edge_tensor >= nt)[0])
             raise GraphError(f"op {self.names[self.edge_dst[e]]!r}: consumes a tensor that does not exist")
-        wrong = data & (self.tensor_op[np.where(data, self.edge_tensor, 0)] != self.edge_src)
+        wrong = np.zeros(ne, bool)
+        wrong[data] = self.tensor_op[self.edge_tensor[data]] != self.edge_src[data]
         if np.any(wrong):
             e = int(np.flatnonzero(wrong)[0])
             raise GraphError(

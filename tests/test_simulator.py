@@ -1,0 +1,276 @@
+"""The compiled simulator: hand-computed schedules, and the reference simulator as oracle."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from costmodel import Cluster, CostModel, OpGraph, presets, reference
+from tests.helpers import cluster, nxgraph
+
+
+def model(nodes, edges, times, **cl):
+    g = OpGraph.from_networkx(nxgraph(nodes, edges))
+    c = cluster(**cl)
+    return CostModel(g, c, op_times=np.asarray(times, float))
+
+
+def run(cm, placement, trace=True):
+    return cm.simulate(np.asarray(placement), trace=trace)
+
+
+# ---------------------------------------------------------------- hand-computed
+def test_chain_on_one_device_is_the_sum_of_its_ops():
+    cm = model({"a": 4, "b": 4, "c": 4}, [("a", "b"), ("b", "c")], [[1, 1], [2, 2], [3, 3]])
+    r = run(cm, [1, 1, 1])
+    assert r.step_time_us == 6.0
+    assert list(r.trace.op_start) == [0, 1, 3]
+    assert list(r.busy_us) == [0, 6]
+    assert r.trace.n_transfers == 0
+
+
+def test_diamond_across_devices():
+    # a, b, d on d0; c on d1; 100-byte tensors over a 1 µs + 10 B/µs link take 11 µs.
+    cm = model({v: 100 for v in "abcd"}, [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")], [[10, 10]] * 4)
+    r = run(cm, [0, 0, 1, 0])
+    s, e = r.trace.op_start, r.trace.op_end
+    assert list(s) == [0, 10, 21, 42] and list(e) == [10, 20, 31, 52]
+    assert r.step_time_us == 52
+    xs = sorted(zip(r.trace.x_start, r.trace.x_end))
+    assert xs == [(10, 21), (31, 42)]
+
+
+def test_fan_out_to_two_consumers_on_another_device_is_sent_once():
+    cm = model({"a": 100, "b": 1, "c": 1}, [("a", "b"), ("a", "c")], [[10, 10]] * 3)
+    r = run(cm, [0, 1, 1])
+    assert r.trace.n_transfers == 1
+    assert (r.trace.x_start[0], r.trace.x_end[0]) == (10, 21)
+    # b and c both ready at 21; b first (topological rank), then c.
+    assert list(r.trace.op_start[1:]) == [21, 31]
+    assert r.step_time_us == 41
+
+
+def test_two_transfers_on_one_link_are_serialised():
+    # a has two outputs, each read on d1: the second transfer waits for the first.
+    nodes = {"a": 200, "b": 1, "c": 1}
+    edges = [("a", "b", {"bytes": 100, "output": 0}), ("a", "c", {"bytes": 100, "output": 1})]
+    cm = model(nodes, edges, [[10, 10]] * 3)
+    r = run(cm, [0, 1, 1])
+    assert sorted(zip(r.trace.x_start, r.trace.x_end)) == [(10, 21), (21, 32)]
+    assert list(r.trace.op_start[1:]) == [21, 32]
+    assert r.step_time_us == 42
+
+
+def test_transfers_on_different_links_overlap():
+    nodes = {"a": 200, "b": 1, "c": 1}
+    edges = [("a", "b", {"bytes": 100, "output": 0}), ("a", "c", {"bytes": 100, "output": 1})]
+    cm = model(nodes, edges, [[10, 10, 10]] * 3, n_devices=3)
+    r = run(cm, [0, 1, 2])
+    assert sorted(zip(r.trace.x_start, r.trace.x_end)) == [(10, 21), (10, 21)]
+    assert r.step_time_us == 31
+
+
+def test_memory_peak_and_out_of_memory():
+    # On one device: params 50; a's output (100) lives until b ends; b's (200) until c ends.
+    nodes = {"a": {"out_bytes": 100, "param_bytes": 50}, "b": 200, "c": 300}
+    edges = [("a", "b"), ("b", "c")]
+    cm = model(nodes, edges, [[1, 1]] * 3)
+    r = run(cm, [1, 1, 1])
+    # a: 50+100=150; b starts: 350; b ends, a's output freed: 250; c starts: 550.
+    assert r.peak_memory_bytes[1] == 550 and r.feasible
+    tight = model(nodes, edges, [[1, 1]] * 3, memory=500)
+    r = run(tight, [1, 1, 1])
+    assert not r.feasible
+    assert "out of memory on d1" in r.reason and "by 50" in r.reason
+    assert r.step_time_us == 3.0  # the schedule is still reported
+
+
+def test_received_copy_is_held_on_the_destination_until_its_consumers_finish():
+    nodes = {"a": 100, "b": 10, "c": 10}
+    cm = model(nodes, [("a", "b"), ("b", "c")], [[10, 10]] * 3)
+    r = run(cm, [0, 1, 1])
+    # d1: copy of a (100) from 10; b's output 10 from 21 -> 110; b ends at 31 freeing the
+    # copy; c adds 10 -> 20.
+    assert r.peak_memory_bytes[1] == 110
+    assert r.peak_memory_bytes[0] == 100  # a's output held until its transfer is done
+
+
+def test_op_without_kernel_makes_the_placement_infeasible():
+    nodes = {"in": {"out_bytes": 8, "kinds": ["cpu"], "op_type": "IteratorGetNext"}, "b": 8}
+    cm = model(nodes, [("in", "b")], [[1, 1], [1, 1]])
+    assert np.isinf(cm.T[0, 1])
+    r = run(cm, [1, 1])
+    assert not r.feasible and r.step_time_us == np.inf
+    assert "'in'" in r.reason and "no kernel on d1" in r.reason
+    assert run(cm, [0, 1]).feasible
+
+
+def test_split_group_is_infeasible():
+    nodes = {"v": {"out_bytes": 8, "group": "var"}, "r": {"out_bytes": 8, "group": "var"}}
+    cm = model(nodes, [("v", "r")], [[1, 1]] * 2)
+    r = run(cm, [0, 1])
+    assert not r.feasible and "split" in r.reason
+    b = cm.simulate_batch(np.array([[0, 1], [1, 1]]))
+    assert list(b.feasible) == [False, True]
+
+
+def test_control_edge_orders_without_a_transfer():
+    nodes = {"a": 100, "b": 100}
+    cm = model(nodes, [("a", "b", {"control": True})], [[5, 5]] * 2)
+    r = run(cm, [0, 1])
+    assert r.trace.n_transfers == 0
+    assert r.trace.op_start[1] == 5 and r.step_time_us == 10
+
+
+def test_ready_ops_start_by_ready_time_then_topological_rank():
+    # r1 and r2 both depend on a; x is a source on the same device. At time 0 only a and
+    # x are ready: a first (rank 0). At 1 x starts; r1, r2 wait for the device.
+    nodes = {"a": 1, "x": 1, "r1": 1, "r2": 1}
+    cm = model(nodes, [("a", "r1"), ("a", "r2")], [[1, 1], [5, 5], [1, 1], [1, 1]])
+    r = run(cm, [0, 0, 0, 0])
+    assert list(r.trace.op_start) == [0, 1, 6, 7]
+
+
+# ------------------------------------------------------------- oracle (hypothesis)
+@st.composite
+def problems(draw):
+    n = draw(st.integers(1, 24))
+    D = draw(st.integers(1, 4))
+    n_out = [draw(st.integers(1, 2)) for _ in range(n)]
+    edges = []
+    for v in range(1, n):
+        for u in draw(st.lists(st.integers(0, v - 1), max_size=3, unique=True)):
+            control = draw(st.booleans()) and draw(st.booleans())
+            edges.append((u, v, control, draw(st.integers(0, n_out[u] - 1))))
+    out_bytes = [draw(st.integers(0, 1000)) for _ in range(n)]
+    groups = [draw(st.integers(0, max(0, n - 1))) if draw(st.booleans()) else None for _ in range(n)]
+    # small integer times make simultaneous events (and zero-length ops) common
+    T = np.array([[draw(st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0])) for _ in range(D)] for _ in range(n)])
+    lat = np.array([[draw(st.sampled_from([0.0, 1.0, 2.0])) for _ in range(D)] for _ in range(D)])
+    bw = np.array([[draw(st.sampled_from([1.0, 10.0, 100.0])) for _ in range(D)] for _ in range(D)])
+    assign = [draw(st.integers(0, D - 1)) for _ in range(n)]
+    params = [draw(st.integers(0, 50)) for _ in range(n)]
+    return n, D, n_out, edges, out_bytes, groups, T, lat, bw, assign, params
+
+
+def build(n, D, n_out, edges, out_bytes, groups, T, lat, bw, assign, params):
+    import networkx as nx
+
+    g = nx.DiGraph()
+    for v in range(n):
+        g.add_node(f"op{v}", op_type="Op", out_bytes=out_bytes[v], param_bytes=params[v],
+                   group=None if groups[v] is None else f"g{groups[v]}")
+    for u, v, control, k in edges:
+        a = {"control": True} if control else {"output": k, "bytes": (out_bytes[u] + 7 * k) // (k + 1)}
+        g.add_edge(f"op{u}", f"op{v}", **a)
+    graph = OpGraph.from_networkx(g)
+    c = Cluster.from_dict({
+        "name": "h",
+        "devices": [{"name": f"d{i}", "kind": "gpu", "memory_bytes": 10_000} for i in range(D)],
+        "links": {"default": {"latency_us": 1.0, "bandwidth_bytes_per_us": 1.0}},
+    })
+    c.latency_us[:] = lat
+    c.bandwidth_bytes_per_us[:] = bw
+    np.fill_diagonal(c.latency_us, 0.0)
+    np.fill_diagonal(c.bandwidth_bytes_per_us, np.inf)
+    cm = CostModel(graph, c, op_times=T)
+    placement = graph.to_placement(np.array(assign[: graph.n_groups]) % D)
+    return cm, placement
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_compiled_equals_reference(args):
+    cm, p = build(*args)
+    r = cm.simulate(p, trace=True)
+    ref = reference.simulate(cm.graph, cm.T, p, cm.cluster.latency_us, cm.cluster.bandwidth_bytes_per_us)
+    assert r.step_time_us == ref.step_time_us
+    assert np.array_equal(r.busy_us, ref.busy_us)
+    assert np.array_equal(r.peak_memory_bytes, ref.peak_memory_bytes)
+    assert r.feasible == bool(np.all(ref.peak_memory_bytes <= cm.capacity))
+    assert np.array_equal(r.trace.op_start, ref.op_start)
+    assert np.array_equal(r.trace.op_end, ref.op_end)
+    got = list(zip(r.trace.x_tensor, r.trace.x_src, r.trace.x_dst, r.trace.x_start, r.trace.x_end))
+    assert got == ref.transfers
+    # the batch kernel gives the same numbers
+    b = cm.simulate_batch(np.stack([p, p]))
+    assert list(b.step_time_us) == [r.step_time_us] * 2
+    assert np.array_equal(b.peak_memory_bytes[1], r.peak_memory_bytes)
+    assert np.array_equal(b.busy_us[0], r.busy_us)
+
+
+@pytest.mark.parametrize("name", ["synthetic-1k"])
+def test_compiled_equals_reference_on_a_synthetic_graph(name):
+    g = presets.load_graph(name)
+    cm = CostModel(g, presets.load_cluster("k80x4"))
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        from search import Problem
+
+        p = g.to_placement(Problem(cm).random_assignment(rng))
+        r = cm.simulate(p)
+        ref = reference.simulate(g, cm.T, p, cm.cluster.latency_us, cm.cluster.bandwidth_bytes_per_us)
+        assert r.step_time_us == ref.step_time_us
+        assert np.array_equal(r.peak_memory_bytes, ref.peak_memory_bytes)
+
+
+def test_batch_matches_single_and_handles_group_assignments():
+    g = presets.load_graph("synthetic-1k")
+    cm = CostModel(g, presets.load_cluster("k80x2"))
+    from search import Problem
+
+    pr = Problem(cm)
+    rng = np.random.default_rng(0)
+    A = np.stack([pr.random_assignment(rng) for _ in range(8)])
+    b = cm.simulate_batch(A)
+    for i in range(8):
+        r = cm.simulate(A[i])
+        assert b.step_time_us[i] == r.step_time_us and b.feasible[i] == r.feasible
+
+
+def test_lower_bound_is_below_every_simulated_step():
+    g = presets.load_graph("synthetic-1k")
+    cm = CostModel(g, presets.load_cluster("k80x4"))
+    from search import Problem
+
+    pr = Problem(cm)
+    rng = np.random.default_rng(0)
+    steps = cm.simulate_batch(np.stack([pr.random_assignment(rng) for _ in range(32)])).step_time_us
+    lb = cm.lower_bound_us()
+    assert 0 < lb <= steps.min()
+
+
+def test_lower_bound_of_a_chain_is_its_length():
+    cm = model({"a": 4, "b": 4, "c": 4}, [("a", "b"), ("b", "c")], [[1, 2], [2, 1], [3, 3]])
+    assert cm.lower_bound_us() == 1 + 1 + 3
+
+
+def test_trace_exports_chrome_json_and_a_gantt_png(tmp_path):
+    import json
+
+    cm = model({v: 100 for v in "abcd"}, [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")], [[10, 10]] * 4)
+    r = run(cm, [0, 0, 1, 0])
+    ev = r.trace.to_chrome(cm.graph, cm.cluster)["traceEvents"]
+    ops = [e for e in ev if e.get("ph") == "X" and e["cat"] != "transfer"]
+    xfers = [e for e in ev if e.get("ph") == "X" and e["cat"] == "transfer"]
+    assert {e["name"]: (e["ts"], e["dur"]) for e in ops}["c"] == (21.0, 10.0)
+    assert len(xfers) == 2 and xfers[0]["args"]["bytes"] == 100
+    json.dumps(ev)
+    png = tmp_path / "g.png"
+    r.trace.plot(cm.graph, cm.cluster, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_placement_forms_agree():
+    cm = model({v: 100 for v in "abcd"}, [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")], [[10, 10]] * 4)
+    as_array = cm.simulate(np.array([0, 0, 1, 0])).step_time_us
+    as_dict = cm.simulate({"a": "d0", "b": 0, "c": "d1", "d": "d0"}).step_time_us
+    assert as_array == as_dict == 52
+    from costmodel import PlacementError
+
+    with pytest.raises(PlacementError, match="op 'd'"):
+        cm.simulate({"a": 0, "b": 0, "c": 1})
+    with pytest.raises(PlacementError, match="3 entries"):
+        cm.simulate(np.array([0, 0, 1]))
+    with pytest.raises(PlacementError, match="device index 7"):
+        cm.simulate(np.array([0, 0, 7, 0]))
