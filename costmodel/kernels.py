@@ -22,7 +22,7 @@ def _less(ta, ka, tb, kb):
     return ta < tb or (ta == tb and ka < kb)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _ev_push(ev_t, ev_k, ev_id, size, t, k, i):
     """Push onto the event heap ordered by (time, key); returns the new size."""
     j = size
@@ -41,7 +41,7 @@ def _ev_push(ev_t, ev_k, ev_id, size, t, k, i):
     return size + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _ev_pop(ev_t, ev_k, ev_id, size):
     """Remove the root of the event heap; returns the new size."""
     size -= 1
@@ -67,24 +67,24 @@ def _ev_pop(ev_t, ev_k, ev_id, size):
     return size
 
 
-@njit(cache=True)
-def _rq_push(heap, base, size, op, ready_t, rank):
-    """Push op onto a device's ready heap heap[base:base+size], keyed by (ready, rank)."""
+@njit(cache=True, inline="always")
+def _rq_push(heap, base, size, key):
+    """Push an int64 key onto a device's ready heap heap[base:base+size] (a min-heap)."""
     j = size
     while j > 0:
         parent = (j - 1) >> 1
         q = heap[base + parent]
-        if _less(ready_t[op], rank[op], ready_t[q], rank[q]):
+        if key < q:
             heap[base + j] = q
             j = parent
         else:
             break
-    heap[base + j] = op
+    heap[base + j] = key
 
 
-@njit(cache=True)
-def _rq_pop(heap, base, size, ready_t, rank):
-    """Pop the best op of a device's ready heap (size before popping is ``size``)."""
+@njit(cache=True, inline="always")
+def _rq_pop(heap, base, size):
+    """Pop the smallest key of a device's ready heap (``size`` is the size before popping)."""
     top = heap[base]
     size -= 1
     last = heap[base + size]
@@ -96,10 +96,10 @@ def _rq_pop(heap, base, size, ready_t, rank):
         a = heap[base + c]
         if c + 1 < size:
             b = heap[base + c + 1]
-            if _less(ready_t[b], rank[b], ready_t[a], rank[a]):
+            if b < a:
                 c += 1
                 a = b
-        if _less(ready_t[a], rank[a], ready_t[last], rank[last]):
+        if a < last:
             heap[base + j] = a
             j = c
         else:
@@ -112,7 +112,7 @@ def _rq_pop(heap, base, size, ready_t, rank):
 # ------------------------------------------------------------------ simulator
 @njit(cache=True)
 def simulate_into(
-    placement, T, rank, out_bytes, param_bytes, tensor_op, tensor_bytes,
+    placement, T, rank, topo_order, out_bytes, param_bytes, tensor_op, tensor_bytes,
     op_tensor_ptr, tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst, in_ptr, in_tensor, n_inputs,
     latency, bandwidth,
     op_start, op_end, busy, peak,
@@ -148,9 +148,13 @@ def simulate_into(
     rq_base = np.zeros(D, np.int64)
     for d in range(1, D):
         rq_base[d] = rq_base[d - 1] + count[d - 1]
-    rq = np.empty(max(n, 1), np.int32)
+    rq = np.empty(max(n, 1), np.int64)
     rq_size = np.zeros(D, np.int64)
-    ready_t = np.zeros(n, np.float64)
+    # Ready keys are epoch * n + rank, the epoch counting distinct event times so far.
+    # Ready times only grow, so (epoch, rank) orders exactly like (ready time, rank),
+    # with one int64 comparison and no indirection.
+    nn = np.int64(max(n, 1))
+    epoch = np.int64(0)
     running = np.zeros(D, np.bool_)
 
     missing = n_inputs.copy()
@@ -178,8 +182,7 @@ def simulate_into(
     for op in range(n):
         if missing[op] == 0:
             d = placement[op]
-            ready_t[op] = 0.0
-            _rq_push(rq, rq_base[d], rq_size[d], op, ready_t, rank)
+            _rq_push(rq, rq_base[d], rq_size[d], rank[op])
             rq_size[d] += 1
 
     now = 0.0
@@ -188,7 +191,7 @@ def simulate_into(
         # ---- dispatch: idle devices start their best ready op, idle links their oldest transfer
         for d in range(D):
             if not running[d] and rq_size[d] > 0:
-                op = _rq_pop(rq, rq_base[d], rq_size[d], ready_t, rank)
+                op = topo_order[_rq_pop(rq, rq_base[d], rq_size[d]) % nn]
                 rq_size[d] -= 1
                 running[d] = True
                 op_start[op] = now
@@ -222,6 +225,8 @@ def simulate_into(
         if n_ev == 0:
             break
         # ---- handle every event of the next instant
+        if ev_t[0] > now:
+            epoch += 1
         now = ev_t[0]
         while n_ev > 0 and ev_t[0] == now:
             kind_key = ev_k[0]
@@ -254,8 +259,7 @@ def simulate_into(
                             refs += 1
                             missing[c] -= 1
                             if missing[c] == 0:
-                                ready_t[c] = now
-                                _rq_push(rq, rq_base[dc], rq_size[dc], c, ready_t, rank)
+                                _rq_push(rq, rq_base[dc], rq_size[dc], epoch * nn + rank[c])
                                 rq_size[dc] += 1
                         elif copy_of[t * D + dc] >= 0:
                             x_refs[copy_of[t * D + dc]] += 1
@@ -284,8 +288,7 @@ def simulate_into(
                     missing[c] -= 1
                     if missing[c] == 0:
                         dc = placement[c]
-                        ready_t[c] = now
-                        _rq_push(rq, rq_base[dc], rq_size[dc], c, ready_t, rank)
+                        _rq_push(rq, rq_base[dc], rq_size[dc], epoch * nn + rank[c])
                         rq_size[dc] += 1
                 out_refs[op] = refs
                 if refs == 0:
@@ -310,15 +313,14 @@ def simulate_into(
                     if placement[c] == dd:
                         missing[c] -= 1
                         if missing[c] == 0:
-                            ready_t[c] = now
-                            _rq_push(rq, rq_base[dd], rq_size[dd], c, ready_t, rank)
+                            _rq_push(rq, rq_base[dd], rq_size[dd], epoch * nn + rank[c])
                             rq_size[dd] += 1
     return makespan, n_x
 
 
 @njit(cache=True, parallel=True)
 def simulate_batch(
-    placements, T, rank, out_bytes, param_bytes, tensor_op, tensor_bytes,
+    placements, T, rank, topo_order, out_bytes, param_bytes, tensor_op, tensor_bytes,
     op_tensor_ptr, tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst, in_ptr, in_tensor, n_inputs,
     latency, bandwidth, step, busy, peak,
 ):
@@ -334,7 +336,7 @@ def simulate_batch(
         x_start = np.empty(n_data, np.float64)
         x_end = np.empty(n_data, np.float64)
         ms, _ = simulate_into(
-            placements[b], T, rank, out_bytes, param_bytes, tensor_op, tensor_bytes,
+            placements[b], T, rank, topo_order, out_bytes, param_bytes, tensor_op, tensor_bytes,
             op_tensor_ptr, tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst, in_ptr, in_tensor, n_inputs,
             latency, bandwidth, op_start, op_end, busy[b], peak[b],
             x_tensor, x_src, x_dst, x_start, x_end,

@@ -163,6 +163,7 @@ class CostModel:
         c = graph.csr
         self._args = (
             np.ascontiguousarray(graph.topo_rank, np.int32),
+            np.ascontiguousarray(graph.topo_order, np.int32),
             graph.out_bytes, graph.param_bytes, graph.tensor_op, graph.tensor_bytes,
             c.op_tensor_ptr, c.tensor_ptr, c.tensor_cons, c.ctrl_ptr, c.ctrl_dst,
             c.in_ptr, c.in_tensor, c.n_inputs,
