@@ -110,7 +110,7 @@ def _rq_pop(heap, base, size):
 
 
 # ------------------------------------------------------------------ simulator
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def simulate_into(
     placement, T, rank, topo_order, out_bytes, param_bytes, tensor_op, tensor_bytes,
     op_tensor_ptr, tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst, in_ptr, in_tensor, n_inputs,
@@ -150,10 +150,10 @@ def simulate_into(
         rq_base[d] = rq_base[d - 1] + count[d - 1]
     rq = np.empty(max(n, 1), np.int64)
     rq_size = np.zeros(D, np.int64)
-    # Ready keys are epoch * n + rank, the epoch counting distinct event times so far.
+    # Ready keys are (epoch << 32) | rank, the epoch counting distinct event times so far.
     # Ready times only grow, so (epoch, rank) orders exactly like (ready time, rank),
     # with one int64 comparison and no indirection.
-    nn = np.int64(max(n, 1))
+    low = np.int64(0xFFFFFFFF)
     epoch = np.int64(0)
     running = np.zeros(D, np.bool_)
 
@@ -182,7 +182,7 @@ def simulate_into(
     for op in range(n):
         if missing[op] == 0:
             d = placement[op]
-            _rq_push(rq, rq_base[d], rq_size[d], rank[op])
+            _rq_push(rq, rq_base[d], rq_size[d], np.int64(rank[op]))
             rq_size[d] += 1
 
     now = 0.0
@@ -191,7 +191,7 @@ def simulate_into(
         # ---- dispatch: idle devices start their best ready op, idle links their oldest transfer
         for d in range(D):
             if not running[d] and rq_size[d] > 0:
-                op = topo_order[_rq_pop(rq, rq_base[d], rq_size[d]) % nn]
+                op = topo_order[_rq_pop(rq, rq_base[d], rq_size[d]) & low]
                 rq_size[d] -= 1
                 running[d] = True
                 op_start[op] = now
@@ -259,7 +259,7 @@ def simulate_into(
                             refs += 1
                             missing[c] -= 1
                             if missing[c] == 0:
-                                _rq_push(rq, rq_base[dc], rq_size[dc], epoch * nn + rank[c])
+                                _rq_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
                                 rq_size[dc] += 1
                         elif copy_of[t * D + dc] >= 0:
                             x_refs[copy_of[t * D + dc]] += 1
@@ -288,7 +288,7 @@ def simulate_into(
                     missing[c] -= 1
                     if missing[c] == 0:
                         dc = placement[c]
-                        _rq_push(rq, rq_base[dc], rq_size[dc], epoch * nn + rank[c])
+                        _rq_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
                         rq_size[dc] += 1
                 out_refs[op] = refs
                 if refs == 0:
@@ -313,12 +313,12 @@ def simulate_into(
                     if placement[c] == dd:
                         missing[c] -= 1
                         if missing[c] == 0:
-                            _rq_push(rq, rq_base[dd], rq_size[dd], epoch * nn + rank[c])
+                            _rq_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
                             rq_size[dd] += 1
     return makespan, n_x
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def simulate_batch(
     placements, T, rank, topo_order, out_bytes, param_bytes, tensor_op, tensor_bytes,
     op_tensor_ptr, tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst, in_ptr, in_tensor, n_inputs,

@@ -1,0 +1,120 @@
+"""Simulator speed: compiled kernel vs the reference, one core and batches across cores.
+
+    python benchmarks/simulator.py            # table
+    python benchmarks/simulator.py --json     # {"rows": [...], "first_call": {...}}
+
+Per graph (synthetic-1k/10k/50k on k80x4, random group assignments), measured side by
+side in one run: ms per placement of ``CostModel.simulate`` (compiled) and of the
+plain-Python reference, their ratio, and ``simulate_batch`` throughput with 1 thread and
+with every core. CPU time (``process_time``) is used for the single-placement figures so
+that other load on the machine does not inflate them; throughput is wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def first_call_seconds(cache_dir: str) -> float:
+    """Seconds from a fresh interpreter to the first simulated placement."""
+    code = (
+        "import time; t=time.perf_counter();"
+        "from costmodel import CostModel, presets;"
+        "cm=CostModel(presets.load_graph('synthetic-1k'), presets.load_cluster('k80x2'));"
+        "cm.simulate(cm.single_device(1)); cm.simulate_batch(cm.single_device(1)[None]);"
+        "print(time.perf_counter()-t)"
+    )
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
+
+
+def timed(fn, reps: int, clock=time.process_time) -> float:
+    ts = []
+    for _ in range(reps):
+        t = clock()
+        fn()
+        ts.append(clock() - t)
+    return float(np.median(ts))
+
+
+def bench_graph(name: str, cluster: str, ref_reps: int, reps: int, batch: int) -> dict:
+    import numba
+
+    from costmodel import CostModel, presets, reference
+    from search import Problem
+
+    g = presets.load_graph(name)
+    cl = presets.load_cluster(cluster)
+    cm = CostModel(g, cl)
+    pr = Problem(cm)
+    rng = np.random.default_rng(0)
+    A = np.stack([pr.random_assignment(rng) for _ in range(batch)])
+    P = np.stack([g.to_placement(a) for a in A])
+    cm.simulate(P[0])
+    cm.simulate_batch(P[:2])
+
+    it = iter(range(10**9))
+    compiled = timed(lambda: cm.simulate(P[next(it) % batch]), reps)
+    ref = timed(lambda: reference.simulate(g, cm.T, P[0], cl.latency_us, cl.bandwidth_bytes_per_us), ref_reps)
+    r0 = cm.simulate(P[0])
+    assert r0.step_time_us == reference.simulate(g, cm.T, P[0], cl.latency_us, cl.bandwidth_bytes_per_us).step_time_us
+
+    cores = numba.config.NUMBA_NUM_THREADS
+    numba.set_num_threads(1)
+    one = timed(lambda: cm.simulate_batch(P), 3, time.perf_counter)
+    numba.set_num_threads(cores)
+    allc = timed(lambda: cm.simulate_batch(P), 3, time.perf_counter)
+    return {
+        "graph": name,
+        "ops": g.n_ops,
+        "edges": g.n_edges,
+        "compiled_ms_per_placement": compiled * 1e3,
+        "reference_ms_per_placement": ref * 1e3,
+        "speedup_vs_reference": ref / compiled,
+        "batch_placements_per_s_1_thread": batch / one,
+        "batch_placements_per_s": batch / allc,
+        "batch_threads": cores,
+    }
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--graphs", default="synthetic-1k,synthetic-10k,synthetic-50k")
+    ap.add_argument("--cluster", default="k80x4")
+    ap.add_argument("--batch", type=int, default=64)
+    args = ap.parse_args(argv)
+
+    with tempfile.TemporaryDirectory() as cache:
+        compile_s = first_call_seconds(cache)  # empty cache: compiles
+        cached_s = first_call_seconds(cache)  # cache written by the first run: loads
+    rows = []
+    for name in args.graphs.split(","):
+        n = int(name.split("-")[1].rstrip("k")) * (1000 if name.endswith("k") else 1)
+        rows.append(bench_graph(name, args.cluster, ref_reps=1 if n > 20_000 else 3,
+                                reps=50 if n <= 10_000 else 10, batch=args.batch))
+    first = {"compile_s": compile_s, "cache_load_s": cached_s}
+    if args.json:
+        print(json.dumps({"rows": rows, "first_call": first}, indent=2))
+        return
+    print(f"simulator on {args.cluster}, random group assignments ({os.cpu_count()} cores)")
+    print(f"{'graph':<15}{'ops':>7}{'edges':>8}{'compiled ms':>13}{'reference ms':>14}{'speedup':>9}"
+          f"{'batch/s 1 thr':>15}{'batch/s all':>13}")
+    for r in rows:
+        print(f"{r['graph']:<15}{r['ops']:>7}{r['edges']:>8}{r['compiled_ms_per_placement']:>13.3f}"
+              f"{r['reference_ms_per_placement']:>14.1f}{r['speedup_vs_reference']:>8.0f}x"
+              f"{r['batch_placements_per_s_1_thread']:>15.0f}{r['batch_placements_per_s']:>13.0f}")
+    print(f"first call in a fresh process: {compile_s:.1f} s compiling, {cached_s:.1f} s with the numba cache")
+
+
+if __name__ == "__main__":
+    main()
