@@ -126,8 +126,14 @@ class Tracker:
     the best improves.
     """
 
-    def __init__(self, problem: Problem, budget: Budget, progress: ProgressCallback | None = None):
+    def __init__(self, problem: Problem, budget: Budget, progress: ProgressCallback | None = None,
+                 keep_top: int = 0):
         self.problem = problem
+        #: keep the ``keep_top`` best distinct assignments seen (feasible first, then by step
+        #: time) in ``top`` as (step_us, feasible, assignment): what ``--verify-top K`` runs
+        #: on hardware, since the simulator's best is not always the measured best.
+        self.keep_top = int(keep_top)
+        self.top: list[tuple[float, bool, np.ndarray]] = []
         self.budget = budget
         self.progress = progress
         self.t0 = time.perf_counter()
@@ -170,6 +176,8 @@ class Tracker:
         """Count evaluations scored elsewhere (e.g. by an incremental simulator)."""
         A = np.atleast_2d(A)
         self.evaluations += len(A)
+        if self.keep_top > 0:
+            self._keep_top(A, step, feasible)
         for i in range(len(A)):
             better = (feasible[i] and (not self.best_feasible or step[i] < self.best_step_us)) or (
                 not self.best_feasible and not feasible[i] and step[i] < self.best_step_us
@@ -181,6 +189,16 @@ class Tracker:
                 self.history.append((self.evaluations - len(A) + i + 1, self.seconds, self.best_step_us))
         if self.progress is not None:
             self.progress(self.evaluations, self.seconds, self.best_step_us)
+
+    def _keep_top(self, A, step, feasible) -> None:
+        seen = {a.tobytes() for _, _, a in self.top}
+        for i in range(len(A)):
+            key = A[i].tobytes()
+            if key not in seen and np.isfinite(step[i]):
+                seen.add(key)
+                self.top.append((float(step[i]), bool(feasible[i]), np.array(A[i], np.int32)))
+        self.top.sort(key=lambda t: (not t[1], t[0]))
+        del self.top[self.keep_top:]
 
 
 @dataclass
@@ -206,6 +224,8 @@ class SearchResult:
     lower_bound_us: float
     history: list = field(default_factory=list)
     metadata: dict = field(default_factory=dict)
+    #: the best distinct (step_us, feasible, assignment) seen, when run(keep_top=K) asked
+    top: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -257,14 +277,14 @@ def get(name: str) -> Method:
 
 
 def run(name: str, problem: Problem, budget: Budget, seed: int = 0,
-        progress: ProgressCallback | None = None, **options) -> SearchResult:
+        progress: ProgressCallback | None = None, keep_top: int = 0, **options) -> SearchResult:
     """Run method ``name`` on ``problem`` within ``budget``; same seed, same answer.
 
     The method may return a dict of metadata. If it scored nothing, its result is
     whatever it left in the tracker; a method that scores nothing at all is an error.
     """
     method = get(name)
-    tracker = Tracker(problem, budget, progress)
+    tracker = Tracker(problem, budget, progress, keep_top=keep_top)
     meta = None
     try:
         meta = method(problem, budget, seed, tracker, **options)
@@ -284,4 +304,5 @@ def run(name: str, problem: Problem, budget: Budget, seed: int = 0,
         lower_bound_us=problem.lower_bound_us(),
         history=tracker.history,
         metadata=dict(meta or {}),
+        top=list(tracker.top),
     )

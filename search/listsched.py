@@ -1,0 +1,719 @@
+"""List schedulers: ``heft``, ``critical-path`` (CPOP), ``m-topo``, ``m-etf``, ``m-sct``.
+
+They schedule *ops* (the group graph of a TF graph has cycles: a variable's group holds
+its read and its update) under one rule: when the first op of a group is placed, the
+whole group is fixed to that device and charged its memory (parameters plus its ops'
+outputs, see :func:`search.partition.group_memory_bytes`); later ops of the group
+follow it. A device whose charged memory would exceed its capacity is not a candidate;
+if no device has room the op goes where the overflow is least (counted in the metadata
+as ``memory_fallbacks``). Every method scores its placement through the tracker.
+
+- ``heft`` (Topcuoglu et al. 2002): ops by upward rank (mean compute + mean
+  communication to the exit), each to the device of earliest finish time, inserting
+  into idle gaps; communication = link latency + bytes / bandwidth.
+- ``critical-path`` (CPOP, same paper): priority upward + downward rank; the ops on the
+  critical path all go to the one device that runs them fastest, the rest by EFT.
+- ``m-topo`` (Baechi): ops in topological order fill one GPU after another, moving on
+  when a GPU holds its share of the compute or its memory is full.
+- ``m-etf`` (Baechi): earliest task first: repeatedly start the (ready op, device) pair
+  that can start earliest.
+- ``m-sct`` (Baechi): ETF where each op's "favourite child" (from the small-communication
+  -time LP relaxation of Hanen & Munier, solved with SciPy/HiGHS) goes to its parent's
+  device.
+
+The schedules here are the methods' own model (no link contention); the step time
+reported is the simulator's. Each scheduler runs twice where the cluster has a host
+besides its GPUs (all devices, and GPUs only for every group that may use one) and the
+tracker keeps the faster; ``metadata["devices"]`` says which won.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .base import register
+from .partition import accelerators, fallback_device, gpu_group_time, group_memory_bytes, score
+
+
+# --------------------------------------------------------------------- heaps
+@njit(cache=True)
+def _hpush(k1, k2, ids, size, a, b, i):
+    """Min-heap on (k1, k2): push (a, b) -> i; returns the new size."""
+    j = size
+    while j > 0:
+        p = (j - 1) >> 1
+        if a < k1[p] or (a == k1[p] and b < k2[p]):
+            k1[j] = k1[p]
+            k2[j] = k2[p]
+            ids[j] = ids[p]
+            j = p
+        else:
+            break
+    k1[j] = a
+    k2[j] = b
+    ids[j] = i
+    return size + 1
+
+
+@njit(cache=True)
+def _hpop(k1, k2, ids, size):
+    """Pop the minimum; returns (id, new size)."""
+    top = ids[0]
+    size -= 1
+    a, b, i = k1[size], k2[size], ids[size]
+    j = 0
+    while True:
+        c = 2 * j + 1
+        if c >= size:
+            break
+        if c + 1 < size and (k1[c + 1] < k1[c] or (k1[c + 1] == k1[c] and k2[c + 1] < k2[c])):
+            c += 1
+        if k1[c] < a or (k1[c] == a and k2[c] < b):
+            k1[j] = k1[c]
+            k2[j] = k2[c]
+            ids[j] = ids[c]
+            j = c
+        else:
+            break
+    if size > 0:
+        k1[j] = a
+        k2[j] = b
+        ids[j] = i
+    return top, size
+
+
+# ------------------------------------------------------------- shared pieces
+@njit(cache=True)
+def _comm(a, b, nbytes, ctrl, lat, bw):
+    if a == b or ctrl:
+        return 0.0
+    return lat[a, b] + nbytes / bw[a, b]
+
+
+@njit(cache=True)
+def _data_ready(op, d, pred_ptr, pred_src, pred_bytes, pred_ctrl, place, finish, lat, bw):
+    r = 0.0
+    for k in range(pred_ptr[op], pred_ptr[op + 1]):
+        p = pred_src[k]
+        t = finish[p] + _comm(place[p], d, pred_bytes[k], pred_ctrl[k], lat, bw)
+        if t > r:
+            r = t
+    return r
+
+
+@njit(cache=True)
+def _candidates(op, g, T, gdev, gmem, used, cap, preferred, out):
+    """Fill ``out[d]`` with True for the devices op may go to; returns 1 if memory forced
+    a device over capacity (no device had room), else 0."""
+    D = T.shape[1]
+    for d in range(D):
+        out[d] = False
+    if gdev[g] >= 0:
+        out[gdev[g]] = True
+        return 0
+    if preferred >= 0 and np.isfinite(T[op, preferred]) and used[preferred] + gmem[g] <= cap[preferred]:
+        out[preferred] = True
+        return 0
+    anyok = False
+    for d in range(D):
+        if np.isfinite(T[op, d]) and used[d] + gmem[g] <= cap[d]:
+            out[d] = True
+            anyok = True
+    if anyok:
+        return 0
+    best, bd = np.inf, -1
+    for d in range(D):
+        if np.isfinite(T[op, d]):
+            over = used[d] + gmem[g] - cap[d]
+            if over < best:
+                best, bd = over, d
+    out[bd] = True
+    return 1
+
+
+@njit(cache=True)
+def upward_rank(order, wbar, succ_ptr, succ_dst, succ_bytes, succ_ctrl, mean_lat, mean_inv_bw):
+    """rank_u(i) = wbar(i) + max over successors j of (cbar(i, j) + rank_u(j))."""
+    n = len(order)
+    r = np.zeros(n)
+    for ii in range(n - 1, -1, -1):
+        v = order[ii]
+        m = 0.0
+        for k in range(succ_ptr[v], succ_ptr[v + 1]):
+            c = 0.0 if succ_ctrl[k] else mean_lat + succ_bytes[k] * mean_inv_bw
+            t = c + r[succ_dst[k]]
+            if t > m:
+                m = t
+        r[v] = wbar[v] + m
+    return r
+
+
+@njit(cache=True)
+def downward_rank(order, wbar, pred_ptr, pred_src, pred_bytes, pred_ctrl, mean_lat, mean_inv_bw):
+    """rank_d(j) = max over predecessors i of (rank_d(i) + wbar(i) + cbar(i, j))."""
+    n = len(order)
+    r = np.zeros(n)
+    for ii in range(n):
+        v = order[ii]
+        m = 0.0
+        for k in range(pred_ptr[v], pred_ptr[v + 1]):
+            p = pred_src[k]
+            c = 0.0 if pred_ctrl[k] else mean_lat + pred_bytes[k] * mean_inv_bw
+            t = r[p] + wbar[p] + c
+            if t > m:
+                m = t
+        r[v] = m
+    return r
+
+
+# -------------------------------------------------------- EFT (HEFT, CPOP)
+@njit(cache=True)
+def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, succ_dst,
+                 group, gdev, gmem, cap, lat, bw, forced, insertion):
+    """Priority list scheduling: the ready op of highest ``prio`` (ties: lower ``rank``)
+    goes to the device of earliest finish (into an idle gap when ``insertion``).
+
+    ``gdev`` (per group, -1 = free) is updated in place. Returns (place, start, finish,
+    memory fallbacks).
+    """
+    n, D = T.shape
+    place = np.full(n, -1, np.int64)
+    start = np.zeros(n)
+    finish = np.zeros(n)
+    used = np.zeros(D)
+    for g in range(len(gdev)):
+        if gdev[g] >= 0:
+            used[gdev[g]] += gmem[g]
+    slot_s = np.zeros((D, n + 1))
+    slot_e = np.zeros((D, n + 1))
+    cnt = np.zeros(D, np.int64)
+    avail = np.zeros(D)
+    indeg = np.zeros(n, np.int64)
+    for v in range(n):
+        indeg[v] = pred_ptr[v + 1] - pred_ptr[v]
+    k1 = np.empty(n)
+    k2 = np.empty(n, np.int64)
+    ids = np.empty(n, np.int64)
+    size = 0
+    for v in range(n):
+        if indeg[v] == 0:
+            size = _hpush(k1, k2, ids, size, -prio[v], rank[v], v)
+    cand = np.zeros(D, np.bool_)
+    fallbacks = 0
+    while size > 0:
+        op, size = _hpop(k1, k2, ids, size)
+        g = group[op]
+        fallbacks += _candidates(op, g, T, gdev, gmem, used, cap, forced[op], cand)
+        bf, bs, bd, bi = np.inf, 0.0, -1, 0
+        for d in range(D):
+            if not cand[d]:
+                continue
+            ready = _data_ready(op, d, pred_ptr, pred_src, pred_bytes, pred_ctrl, place, finish, lat, bw)
+            dur = T[op, d]
+            s = max(ready, avail[d])
+            pos = cnt[d]
+            if insertion:
+                # first slot ending after `ready` (slots are sorted and disjoint)
+                lo, hi = 0, cnt[d]
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if slot_e[d, mid] <= ready:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                prev = slot_e[d, lo - 1] if lo > 0 else 0.0
+                s = max(ready, prev)
+                pos = cnt[d]
+                for i in range(lo, cnt[d]):
+                    if s + dur <= slot_s[d, i]:
+                        pos = i
+                        break
+                    s = max(ready, slot_e[d, i])
+            f = s + dur
+            if f < bf:
+                bf, bs, bd, bi = f, s, d, pos
+        d = bd
+        place[op] = d
+        start[op] = bs
+        finish[op] = bf
+        for i in range(cnt[d], bi, -1):
+            slot_s[d, i] = slot_s[d, i - 1]
+            slot_e[d, i] = slot_e[d, i - 1]
+        slot_s[d, bi] = bs
+        slot_e[d, bi] = bf
+        cnt[d] += 1
+        if bf > avail[d]:
+            avail[d] = bf
+        if gdev[g] < 0:
+            gdev[g] = d
+            used[d] += gmem[g]
+        for k in range(succ_ptr[op], succ_ptr[op + 1]):
+            w = succ_dst[k]
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                size = _hpush(k1, k2, ids, size, -prio[w], rank[w], w)
+    return place, start, finish, fallbacks
+
+
+# ------------------------------------------------------- ETF (m-ETF, m-SCT)
+@njit(cache=True)
+def _etf_enqueue(op, d, tie, dr, avail, pk, pt, pid, psize, rk, rt, rid, rsize):
+    """Queue a ready op on device d: in d's ready queue (keyed by tie) if its data is
+    there by the time d is free, else in d's pending queue (keyed by data-ready time)."""
+    if dr[op, d] <= avail[d]:
+        rsize[d] = _hpush(rk[d], rt[d], rid[d], rsize[d], 0.0, tie[op], op)
+    else:
+        psize[d] = _hpush(pk[d], pt[d], pid[d], psize[d], dr[op, d], tie[op], op)
+
+
+@njit(cache=True)
+def _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref, dr, avail, group, cand, inq,
+                   pk, pt, pid, psize, rk, rt, rid, rsize):
+    """Queue op on every candidate device; returns 1 if memory forced an over-capacity one."""
+    fb = _candidates(op, group[op], T, gdev, gmem, used, cap, pref, cand)
+    for d in range(T.shape[1]):
+        if cand[d]:
+            inq[op] += 1
+            _etf_enqueue(op, d, tie, dr, avail, pk, pt, pid, psize, rk, rt, rid, rsize)
+    return fb
+
+
+@njit(cache=True)
+def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, succ_dst,
+                 group, gdev, gmem, cap, lat, bw, fav_parent):
+    """Earliest task first: start the (ready op, device) pair with the earliest start
+    (ties: lower ``tie``, the op's position in priority order); no insertion. An op whose
+    favourite parent (``fav_parent`` >= 0) is placed prefers that parent's device.
+
+    Per device two heaps: ops whose inputs are there by the time the device is free (all
+    start when it frees: the best ``tie`` wins) and ops still waiting for data (keyed by
+    data-ready time). Devices' free times only grow, so ops only move from the second to
+    the first; entries of ops placed elsewhere, or no longer allowed on the device (its
+    memory filled, their group got fixed), are dropped when they surface, and an op with
+    no queue left is queued again on its current candidates. O(ops x devices x log ops).
+
+    Returns (place, start, finish, memory fallbacks).
+    """
+    n, D = T.shape
+    place = np.full(n, -1, np.int64)
+    start = np.zeros(n)
+    finish = np.zeros(n)
+    used = np.zeros(D)
+    for g in range(len(gdev)):
+        if gdev[g] >= 0:
+            used[gdev[g]] += gmem[g]
+    avail = np.zeros(D)
+    indeg = np.zeros(n, np.int64)
+    for v in range(n):
+        indeg[v] = pred_ptr[v + 1] - pred_ptr[v]
+    pk = np.empty((D, n))
+    pt = np.empty((D, n), np.int64)
+    pid = np.empty((D, n), np.int64)
+    psize = np.zeros(D, np.int64)
+    rk = np.empty((D, n))
+    rt = np.empty((D, n), np.int64)
+    rid = np.empty((D, n), np.int64)
+    rsize = np.zeros(D, np.int64)
+    inq = np.zeros(n, np.int64)  # how many device queues hold the op
+    pref = np.full(n, -1, np.int64)
+    dr = np.zeros((n, D))  # data-ready time per device, fixed once an op is ready
+    cand = np.zeros(D, np.bool_)
+    fb_of = np.zeros(n, np.int64)
+    for v in range(n):
+        if indeg[v] == 0:
+            fb_of[v] = _etf_queue_all(v, tie, T, gdev, gmem, used, cap, -1, dr, avail, group, cand, inq,
+                                      pk, pt, pid, psize, rk, rt, rid, rsize)
+    fallbacks = 0
+    placed = 0
+    while placed < n:
+        bs, bt, bd, bop = np.inf, np.int64(1) << 62, -1, -1
+        for d in range(D):
+            # drop stale heads, move ops whose data has arrived to the ready heap
+            while True:
+                if rsize[d] > 0:
+                    op = rid[d, 0]
+                    if place[op] >= 0:
+                        _, rsize[d] = _hpop(rk[d], rt[d], rid[d], rsize[d])
+                        continue
+                    _candidates(op, group[op], T, gdev, gmem, used, cap, pref[op], cand)
+                    if not cand[d]:
+                        _, rsize[d] = _hpop(rk[d], rt[d], rid[d], rsize[d])
+                        inq[op] -= 1
+                        if inq[op] == 0:
+                            fb_of[op] = _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref[op], dr, avail,
+                                                       group, cand, inq, pk, pt, pid, psize, rk, rt, rid, rsize)
+                        continue
+                if psize[d] > 0:
+                    op = pid[d, 0]
+                    if place[op] >= 0:
+                        _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
+                        continue
+                    if pk[d, 0] <= avail[d]:
+                        _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
+                        rsize[d] = _hpush(rk[d], rt[d], rid[d], rsize[d], 0.0, tie[op], op)
+                        continue
+                    _candidates(op, group[op], T, gdev, gmem, used, cap, pref[op], cand)
+                    if not cand[d]:
+                        _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
+                        inq[op] -= 1
+                        if inq[op] == 0:
+                            fb_of[op] = _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref[op], dr, avail,
+                                                       group, cand, inq, pk, pt, pid, psize, rk, rt, rid, rsize)
+                        continue
+                break
+            if rsize[d] > 0:
+                s, t, op = avail[d], rt[d, 0], rid[d, 0]
+            elif psize[d] > 0:
+                s, t, op = pk[d, 0], pt[d, 0], pid[d, 0]
+            else:
+                continue
+            if s < bs or (s == bs and t < bt):
+                bs, bt, bd, bop = s, t, d, op
+        if bop < 0:
+            # every head was stale and got re-queued on a device already visited in
+            # this pass: look again (all queues empty would mean a lost op: stop)
+            if rsize.sum() + psize.sum() == 0:
+                break
+            continue
+        op, d = bop, bd
+        placed += 1
+        fallbacks += fb_of[op]
+        g = group[op]
+        place[op] = d
+        start[op] = bs
+        finish[op] = bs + T[op, d]
+        avail[d] = finish[op]
+        if gdev[g] < 0:
+            gdev[g] = d
+            used[d] += gmem[g]
+        for k in range(succ_ptr[op], succ_ptr[op + 1]):
+            w = succ_dst[k]
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                for e in range(D):
+                    dr[w, e] = _data_ready(w, e, pred_ptr, pred_src, pred_bytes, pred_ctrl,
+                                           place, finish, lat, bw)
+                if fav_parent[w] >= 0:
+                    pref[w] = place[fav_parent[w]]
+                fb_of[w] = _etf_queue_all(w, tie, T, gdev, gmem, used, cap, pref[w], dr, avail, group, cand,
+                                          inq, pk, pt, pid, psize, rk, rt, rid, rsize)
+    return place, start, finish, fallbacks
+
+
+# ------------------------------------------------------------ problem data
+class _Data:
+    """Op-level arrays every list scheduler reads (built once per problem)."""
+
+    def __init__(self, problem, gpu_only: bool = False):
+        g, cl, cm = problem.graph, problem.cluster, problem.cost_model
+        self.problem = problem
+        n, D = g.n_ops, cl.n_devices
+        allowed = problem.allowed
+        if gpu_only:  # groups that may use an accelerator use only accelerators
+            acc = np.zeros(D, bool)
+            acc[accelerators(problem)] = True
+            on_acc = (allowed & acc[None, :]).any(axis=1)
+            allowed = np.where(on_acc[:, None], allowed & acc[None, :], allowed)
+        ok = allowed[g.group]
+        self.T = np.ascontiguousarray(np.where(ok, cm.T, np.inf))
+        # merge parallel edges: one (src, dst) pair, bytes summed over its data edges
+        eb = g.edge_bytes.astype(np.float64)
+        isdata = (g.edge_tensor >= 0).astype(np.int64)
+        key = g.edge_src.astype(np.int64) * n + g.edge_dst
+        uk, inv = np.unique(key, return_inverse=True)
+        src, dst = (uk // n).astype(np.int64), (uk % n).astype(np.int64)
+        nbytes = np.bincount(inv, weights=eb, minlength=len(uk))
+        ctrl = np.bincount(inv, weights=isdata, minlength=len(uk)) == 0
+        self.src, self.dst, self.bytes, self.ctrl = src, dst, nbytes, ctrl
+        o = np.argsort(dst, kind="stable")
+        self.pred_ptr = np.searchsorted(dst[o], np.arange(n + 1)).astype(np.int64)
+        self.pred_src = np.ascontiguousarray(src[o])
+        self.pred_bytes = np.ascontiguousarray(nbytes[o])
+        self.pred_ctrl = np.ascontiguousarray(ctrl[o])
+        # uk is sorted by src already
+        self.succ_ptr = np.searchsorted(src, np.arange(n + 1)).astype(np.int64)
+        self.succ_dst = np.ascontiguousarray(dst)
+        self.succ_bytes = np.ascontiguousarray(nbytes)
+        self.succ_ctrl = np.ascontiguousarray(ctrl)
+        self.group = np.ascontiguousarray(g.group, np.int64)
+        self.gmem = group_memory_bytes(problem).astype(np.float64)
+        self.cap = cm.capacity.astype(np.float64)
+        self.lat = np.ascontiguousarray(cl.latency_us, np.float64)
+        self.bw = np.ascontiguousarray(cl.bandwidth_bytes_per_us, np.float64)
+        self.order = np.ascontiguousarray(g.topo_order, np.int64)
+        self.rank = np.ascontiguousarray(g.topo_rank, np.int64)
+        Tf = np.where(np.isfinite(self.T), self.T, np.nan)
+        self.wbar = np.nanmean(Tf, axis=1)
+        if D > 1:
+            off = ~np.eye(D, dtype=bool)
+            self.mean_lat = float(self.lat[off].mean())
+            self.mean_inv_bw = float((1.0 / self.bw[off]).mean())
+        else:
+            self.mean_lat = self.mean_inv_bw = 0.0
+
+    def rank_u(self):
+        return upward_rank(self.order, self.wbar, self.succ_ptr, self.succ_dst, self.succ_bytes,
+                           self.succ_ctrl, self.mean_lat, self.mean_inv_bw)
+
+    def rank_d(self):
+        return downward_rank(self.order, self.wbar, self.pred_ptr, self.pred_src, self.pred_bytes,
+                             self.pred_ctrl, self.mean_lat, self.mean_inv_bw)
+
+    def fresh_gdev(self):
+        return np.full(self.problem.n_groups, -1, np.int64)
+
+    def eft(self, prio, forced=None, insertion=True):
+        n = len(prio)
+        forced = np.full(n, -1, np.int64) if forced is None else forced
+        gdev = self.fresh_gdev()
+        out = eft_schedule(prio, self.rank, self.T, self.pred_ptr, self.pred_src, self.pred_bytes,
+                           self.pred_ctrl, self.succ_ptr, self.succ_dst, self.group, gdev, self.gmem,
+                           self.cap, self.lat, self.bw, forced, insertion)
+        return self._check(gdev), out
+
+    def etf(self, prio, fav_parent=None):
+        n = len(prio)
+        fav_parent = np.full(n, -1, np.int64) if fav_parent is None else fav_parent
+        gdev = self.fresh_gdev()
+        # ties between equal starts: higher priority first, then topological rank
+        tie = np.empty(n, np.int64)
+        tie[np.lexsort((self.rank, -prio))] = np.arange(n)
+        out = etf_schedule(tie, self.T, self.pred_ptr, self.pred_src, self.pred_bytes,
+                           self.pred_ctrl, self.succ_ptr, self.succ_dst, self.group, gdev, self.gmem,
+                           self.cap, self.lat, self.bw, fav_parent)
+        return self._check(gdev), out
+
+    def _check(self, gdev):
+        if np.any(gdev < 0):  # a scheduler bug, never a user error
+            raise RuntimeError(f"list scheduler left {int((gdev < 0).sum())} groups unplaced")
+        return gdev
+
+
+def _variants(problem) -> list[bool]:
+    """Device sets a scheduler tries: every device, and (when the cluster has a host
+    besides its GPUs) GPUs only for the groups that may use one. List schedulers trust
+    their own cost model; the simulator, which also queues transfers on links, picks."""
+    return [False, True] if len(accelerators(problem)) < problem.n_devices else [False]
+
+
+def _schedule_variants(problem, tracker, schedule) -> dict:
+    """Run ``schedule(data) -> (gdev, out, extra)`` per device set, score all the
+    assignments in one batch, and describe the one the tracker found best."""
+    runs = []
+    for gpu_only in _variants(problem):
+        gdev, out, extra = schedule(_Data(problem, gpu_only))
+        runs.append((gpu_only, np.asarray(gdev, np.int32), out, extra))
+    r = score(tracker, np.stack([x[1] for x in runs]))
+    key = [(not f, s) for f, s in zip(r.feasible, r.step_time_us)]
+    best = min(range(len(key)), key=key.__getitem__)
+    gpu_only, _, (place, start, finish, fallbacks), extra = runs[best]
+    meta = {"devices": "gpus" if gpu_only else "all",
+            "schedule_makespan_us": float(finish.max()) if len(finish) else 0.0,
+            "memory_fallbacks": int(fallbacks)}
+    meta.update(extra or {})
+    return meta
+
+
+# ------------------------------------------------------------------ methods
+@register("heft")
+def heft(problem, budget, seed, tracker, insertion: bool = True):
+    """HEFT: upward-rank order, earliest-finish-time device, insertion into idle gaps."""
+
+    def schedule(data):
+        gdev, out = data.eft(data.rank_u(), insertion=bool(insertion))
+        return gdev, out, None
+
+    return _schedule_variants(problem, tracker, schedule)
+
+
+@register("critical-path")
+def critical_path(problem, budget, seed, tracker):
+    """CPOP: critical-path ops on the device that runs the whole path fastest, the rest
+    by earliest finish time, in order of upward + downward rank."""
+
+    def schedule(data):
+        prio = data.rank_u() + data.rank_d()
+        cp_len = float(prio.max()) if len(prio) else 0.0
+        cp_ops = np.flatnonzero(prio >= cp_len * (1 - 1e-9))
+        # the device that can run most of the path (pinned ops may not), then fastest
+        Tc = data.T[cp_ops]
+        fin = np.isfinite(Tc)
+        cost = np.where(fin, Tc, 0.0).sum(axis=0)
+        runnable = fin.sum(axis=0)
+        cp_dev = int(np.lexsort((cost, -runnable))[0]) if fin.any() else -1
+        forced = np.full(len(prio), -1, np.int64)
+        if cp_dev >= 0:
+            forced[cp_ops] = cp_dev
+        gdev, out = data.eft(prio, forced=forced)
+        return gdev, out, {"critical_path_ops": int(len(cp_ops)),
+                           "critical_path_device": problem.cluster.names[cp_dev] if cp_dev >= 0 else None}
+
+    return _schedule_variants(problem, tracker, schedule)
+
+
+@register("m-topo")
+def m_topo(problem, budget, seed, tracker):
+    """m-TOPO: in topological order, fill one GPU after another with about 1/n of the
+    compute each, moving on early when a GPU's memory is full."""
+    g = problem.graph
+    acc = accelerators(problem)
+    gmem = group_memory_bytes(problem).astype(np.float64)
+    cap = problem.cost_model.capacity.astype(np.float64)
+    gt = gpu_group_time(problem)
+    on_acc = problem.allowed[:, acc].any(axis=1)
+    share = gt[on_acc].sum() / len(acc)
+    fb = fallback_device(problem)
+    used = np.zeros(problem.n_devices)
+    gdev = np.full(problem.n_groups, -1, np.int64)
+    c, load, fallbacks = 0, 0.0, 0
+    for op in g.topo_order.tolist():
+        k = int(g.group[op])
+        if gdev[k] >= 0:
+            continue
+        if not on_acc[k]:
+            gdev[k] = fb[k]
+            used[fb[k]] += gmem[k]
+            continue
+        while c < len(acc) - 1 and (load >= share or used[acc[c]] + gmem[k] > cap[acc[c]]):
+            c, load = c + 1, 0.0
+        d = int(acc[c])
+        if not problem.allowed[k, d] or used[d] + gmem[k] > cap[d]:
+            room = np.where(problem.allowed[k], cap - used, -np.inf)
+            d = int(np.argmax(room))
+            fallbacks += int(room[d] < gmem[k])
+        gdev[k] = d
+        used[d] += gmem[k]
+        if d == acc[c]:
+            load += gt[k]
+    score(tracker, gdev.astype(np.int32))
+    return {"share_us": float(share), "memory_fallbacks": int(fallbacks)}
+
+
+@register("m-etf")
+def m_etf(problem, budget, seed, tracker):
+    """m-ETF: earliest task first under device memory."""
+
+    def schedule(data):
+        gdev, out = data.etf(data.rank_u())
+        return gdev, out, None
+
+    return _schedule_variants(problem, tracker, schedule)
+
+
+def _sct_lp(p, src, dst, nbytes, ctrl, mean_lat, mean_inv_bw, time_limit):
+    """Solve the SCT LP on one (sub)graph of len(p) ops; returns (fav_parent, message)."""
+    import scipy.sparse as sp
+    from scipy.optimize import linprog
+
+    n, E = len(p), len(src)
+    data_e = np.flatnonzero(~ctrl)
+    m = len(data_e)
+    c = mean_lat + nbytes[data_e] * mean_inv_bw
+    nv = n + m + 1
+    wcol = n + m
+    ar = np.arange(E)
+    xcol = n + np.arange(m)
+    # precedence: s_i - s_j + c_ij x_ij <= -p_i
+    rows = [ar, ar, data_e]
+    cols = [src, dst, xcol]
+    vals = [np.ones(E), -np.ones(E), c]
+    b = [-p[src]]
+    r = E
+    # makespan: s_i - w <= -p_i (sinks only)
+    sinks = np.setdiff1d(np.arange(n), src)
+    rr = r + np.arange(len(sinks))
+    rows += [rr, rr]
+    cols += [sinks, np.full(len(sinks), wcol)]
+    vals += [np.ones(len(sinks)), -np.ones(len(sinks))]
+    b.append(-p[sinks])
+    r += len(sinks)
+    # at most one favourite child per op and one favourite parent: -sum x <= -(deg - 1)
+    for ends in (src[data_e], dst[data_e]):
+        deg = np.bincount(ends, minlength=n)
+        who = np.flatnonzero(deg > 1)
+        rid = np.full(n, -1, np.int64)
+        rid[who] = r + np.arange(len(who))
+        sel = np.flatnonzero(rid[ends] >= 0)
+        rows.append(rid[ends][sel])
+        cols.append(n + sel)
+        vals.append(-np.ones(len(sel)))
+        b.append(-(deg[who] - 1).astype(np.float64))
+        r += len(who)
+    A = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(r, nv))
+    obj = np.zeros(nv)
+    obj[wcol] = 1.0
+    bounds = np.zeros((nv, 2))
+    bounds[:, 1] = np.inf
+    bounds[n:n + m, 1] = 1.0
+    res = linprog(obj, A_ub=A, b_ub=np.concatenate(b), bounds=bounds, method="highs",
+                  options={"time_limit": float(time_limit)})
+    fav_parent = np.full(n, -1, np.int64)
+    if res.x is None:
+        return fav_parent, str(res.message)
+    x = res.x[n:n + m]
+    es, ed = src[data_e], dst[data_e]
+    chosen = np.flatnonzero(x < 0.5)
+    # by construction at most one per parent and per child; keep the smallest x if the
+    # solver's tolerance lets two through
+    chosen = chosen[np.argsort(x[chosen], kind="stable")]
+    seen_p = np.zeros(n, bool)
+    for e in chosen.tolist():
+        i, j = es[e], ed[e]
+        if not seen_p[i] and fav_parent[j] < 0:
+            fav_parent[j] = i
+            seen_p[i] = True
+    return fav_parent, str(res.message)
+
+
+def sct_favourite_children(data, time_limit: float = 60.0, window: int = 2500):
+    """Favourite child of each op from the SCT LP relaxation (Hanen & Munier 1995).
+
+    Variables: start s_i, x_ij in [0, 1] per data edge (0 = child co-located), makespan w.
+    minimise w  s.t.  s_i + p_i + c_ij x_ij <= s_j;  s_i + p_i <= w;
+    sum_j x_ij >= outdeg(i) - 1;  sum_i x_ij >= indeg(j) - 1.
+    An op's favourite child is its data successor with x_ij < 1/2 (at most one exists).
+    p_i is the op's time on the fastest GPU (the theory assumes identical processors),
+    c_ij the mean link time of the edge's bytes.
+
+    HiGHS time grows faster than linearly with the graph, so graphs larger than
+    ``window`` ops are solved as consecutive windows of the topological order (edges
+    crossing windows get no favourite); each window gets ``time_limit`` / windows.
+    Returns (fav_parent per op, -1 for none; LP status text of the last window).
+    """
+    n = len(data.wbar)
+    acc = accelerators(data.problem)
+    pa = data.T[:, acc].min(axis=1) if len(acc) else np.full(n, np.inf)
+    p = np.where(np.isfinite(pa), pa, np.where(np.isfinite(data.wbar), data.wbar, 0.0))
+    fav = np.full(n, -1, np.int64)
+    n_win = max(1, -(-n // window))
+    bounds = np.linspace(0, n, n_win + 1).astype(np.int64)
+    win_of = np.empty(n, np.int64)
+    win_of[data.order] = np.searchsorted(bounds, np.arange(n), side="right") - 1
+    message = "empty graph"
+    for w in range(n_win):
+        ops = data.order[bounds[w]:bounds[w + 1]]
+        local = np.full(n, -1, np.int64)
+        local[ops] = np.arange(len(ops))
+        sel = (win_of[data.src] == w) & (win_of[data.dst] == w)
+        f, message = _sct_lp(p[ops], local[data.src[sel]], local[data.dst[sel]], data.bytes[sel],
+                             data.ctrl[sel], data.mean_lat, data.mean_inv_bw, time_limit / n_win)
+        has = f >= 0
+        fav[ops[has]] = ops[f[has]]
+    return fav, message
+
+
+@register("m-sct")
+def m_sct(problem, budget, seed, tracker, lp_seconds: float | None = None):
+    """m-SCT: ETF under memory, favourite children (SCT LP, SciPy/HiGHS) on their
+    parent's device."""
+    limit = float(lp_seconds) if lp_seconds else min(60.0, (budget.seconds or 120.0) / 2)
+    lp = {}
+
+    def schedule(data):
+        if not lp:  # the LP does not depend on the device set: solve it once
+            lp["fav"], lp["status"] = sct_favourite_children(data, limit)
+        gdev, out = data.etf(data.rank_u(), lp["fav"])
+        return gdev, out, {"favourite_children": int((lp["fav"] >= 0).sum()), "lp_status": lp["status"]}
+
+    return _schedule_variants(problem, tracker, schedule)

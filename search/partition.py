@@ -1,0 +1,243 @@
+"""Graph partitioners over co-location groups: ``metis`` and ``mincut``.
+
+Both cut the *group graph* (vertex = group, vertex weight = the group's compute time on
+a GPU, edge weight = tensor bytes between groups) into one part per GPU; groups that
+cannot run on a GPU (pinned to the host) stay on the CPU and are not partitioned. Parts
+map to GPUs in order, then a memory repair moves groups off any device whose estimated
+need exceeds its capacity. The result is scored by the tracker like every method.
+
+The helpers here (accelerators, group graph, memory estimate, repair) are shared with
+:mod:`search.expert` and :mod:`search.listsched`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import register
+
+
+# ------------------------------------------------------------------ helpers
+def accelerators(problem) -> np.ndarray:
+    """Indices of the GPU devices (all devices when the cluster has no GPU)."""
+    k = np.array([kind == "gpu" for kind in problem.cluster.kinds])
+    return np.flatnonzero(k) if k.any() else np.arange(problem.n_devices)
+
+
+def fallback_device(problem) -> np.ndarray:
+    """For each group, the device it goes to when it cannot use the chosen accelerator:
+    the first CPU it may use, else the first device it may use."""
+    cpu = np.array([kind == "cpu" for kind in problem.cluster.kinds])
+    pref = problem.allowed & cpu[None, :]
+    has = pref.any(axis=1)
+    return np.where(has, np.argmax(pref, axis=1), np.argmax(problem.allowed, axis=1)).astype(np.int32)
+
+
+def group_memory_bytes(problem) -> np.ndarray:
+    """Estimated bytes a group needs on its device: its parameters plus all its ops'
+    outputs (an upper bound on its own working set: the simulator frees outputs once
+    consumed, so real peaks are lower)."""
+    g = problem.graph
+    out = np.bincount(g.group, weights=g.out_bytes, minlength=problem.n_groups)
+    return (problem.group_param_bytes + out).astype(np.int64)
+
+
+def gpu_group_time(problem) -> np.ndarray:
+    """Compute time of each group on the fastest accelerator that may run it (µs);
+    the fastest device it may use when no accelerator may."""
+    acc = accelerators(problem)
+    t = problem.group_time[:, acc].min(axis=1)
+    return np.where(np.isfinite(t), t, problem.group_time.min(axis=1))
+
+
+def group_edges(problem):
+    """Directed group-to-group traffic: (src group, dst group, bytes) with src != dst.
+
+    A tensor is counted once per consuming group (the simulator sends it once per
+    destination device, and a group is one device).
+    """
+    g = problem.graph
+    data = g.edge_tensor >= 0
+    t = g.edge_tensor[data]
+    dg = g.group[g.edge_dst[data]].astype(np.int64)
+    pairs = np.unique(np.stack([t.astype(np.int64), dg]), axis=1)
+    sg = g.group[g.tensor_op[pairs[0]]].astype(np.int64)
+    b = g.tensor_bytes[pairs[0]]
+    keep = sg != pairs[1]
+    sg, dg, b = sg[keep], pairs[1][keep], b[keep]
+    G = problem.n_groups
+    key = sg * G + dg
+    uk, inv = np.unique(key, return_inverse=True)
+    w = np.bincount(inv, weights=b, minlength=len(uk))
+    return (uk // G).astype(np.int64), (uk % G).astype(np.int64), w
+
+
+def undirected_group_graph(problem, nodes=None):
+    """CSR (xadj, adjncy, weights) of the undirected group graph restricted to ``nodes``
+    (default: all groups), re-indexed 0..len(nodes)-1; weights are summed bytes both ways."""
+    G = problem.n_groups
+    nodes = np.arange(G) if nodes is None else np.asarray(nodes)
+    idx = np.full(G, -1, np.int64)
+    idx[nodes] = np.arange(len(nodes))
+    s, d, w = group_edges(problem)
+    s, d = idx[s], idx[d]
+    keep = (s >= 0) & (d >= 0)
+    s, d, w = s[keep], d[keep], w[keep]
+    a, b = np.minimum(s, d), np.maximum(s, d)
+    n = len(nodes)
+    key = a * n + b
+    uk, inv = np.unique(key, return_inverse=True)
+    ww = np.bincount(inv, weights=w, minlength=len(uk))
+    a, b = uk // n, uk % n
+    src = np.concatenate([a, b])
+    dst = np.concatenate([b, a])
+    wt = np.concatenate([ww, ww])
+    o = np.lexsort((dst, src))
+    src, dst, wt = src[o], dst[o], wt[o]
+    xadj = np.searchsorted(src, np.arange(n + 1)).astype(np.int64)
+    return xadj, dst.astype(np.int64), wt
+
+
+def repair_memory(problem, assignment, need=None) -> np.ndarray:
+    """Move groups off devices whose estimated need exceeds capacity.
+
+    Groups leave an over-full device largest-need first, each to the device it may use
+    with the most room left that can take it; stops when nothing more can move.
+    """
+    a = np.array(assignment, np.int32)
+    need = group_memory_bytes(problem) if need is None else need
+    cap = problem.cost_model.capacity.astype(np.float64)
+    used = np.bincount(a, weights=need, minlength=problem.n_devices)
+    for d in np.argsort(-(used - cap)):
+        if used[d] <= cap[d]:
+            continue
+        for k in np.flatnonzero(a == d)[np.argsort(-need[a == d], kind="stable")]:
+            if used[d] <= cap[d]:
+                break
+            room = np.where(problem.allowed[k], cap - used, -np.inf)
+            room[d] = -np.inf
+            t = int(np.argmax(room))
+            if room[t] >= need[k]:
+                a[k] = t
+                used[d] -= need[k]
+                used[t] += need[k]
+    return a
+
+
+def score(tracker, assignments):
+    """Score a one-shot method's final candidates.
+
+    Like ``tracker.evaluate``, except that a method whose computation outlasted a
+    seconds budget still gets its answer scored (and counted) rather than none at all:
+    the overshoot shows in the result's seconds. An evaluation budget is never exceeded.
+    """
+    from .base import EvalResult
+
+    A = np.atleast_2d(np.asarray(assignments, dtype=np.int32))
+    if not tracker.done():
+        return tracker.evaluate(A)
+    A = A[: tracker.remaining_evals()]
+    if not len(A):
+        return tracker.evaluate(A)  # raises BudgetExhausted
+    r = tracker.problem.cost_model.simulate_batch(A)
+    tracker.record(A, r.step_time_us, r.feasible)
+    return EvalResult(A, r.step_time_us, r.feasible, r.peak_memory_bytes)
+
+
+def _int_weights(x, top=1 << 20) -> np.ndarray:
+    """Positive integer weights (METIS wants ints > 0), scaled so the largest is ``top``."""
+    x = np.asarray(x, np.float64)
+    m = x.max() if x.size else 0.0
+    if m <= 0:
+        return np.ones(len(x), np.int64)
+    return np.maximum(1, np.round(x / m * top)).astype(np.int64)
+
+
+def _parts_to_assignment(problem, nodes, parts, acc) -> np.ndarray:
+    a = fallback_device(problem).copy()
+    dev = acc[np.asarray(parts, np.int64)]
+    ok = problem.allowed[nodes, dev]
+    a[nodes] = np.where(ok, dev, a[nodes])
+    return a
+
+
+def metis_parts(problem, n_parts: int, nodes=None, seed: int = 0) -> np.ndarray:
+    """pymetis k-way partition of the group graph (vertex weight = GPU compute time,
+    edge weight = bytes between groups); one part id per node of ``nodes``."""
+    import pymetis
+
+    nodes = np.arange(problem.n_groups) if nodes is None else np.asarray(nodes)
+    if n_parts <= 1 or len(nodes) <= n_parts:
+        return np.arange(len(nodes)) % max(n_parts, 1)
+    xadj, adjncy, w = undirected_group_graph(problem, nodes)
+    vw = _int_weights(gpu_group_time(problem)[nodes], top=1 << 16)
+    ew = _int_weights(w) if len(w) else None
+    opts = pymetis.Options(seed=int(seed) % (1 << 31))
+    _, parts = pymetis.part_graph(int(n_parts), xadj=xadj, adjncy=adjncy, vweights=vw,
+                                  eweights=ew, options=opts)
+    return np.asarray(parts, np.int64)
+
+
+def _movable(problem, acc):
+    """Groups that may run on some accelerator (the rest stay on the host)."""
+    return np.flatnonzero(problem.allowed[:, acc].any(axis=1))
+
+
+# ------------------------------------------------------------------ methods
+@register("metis")
+def metis(problem, budget, seed, tracker):
+    """METIS k-way over groups, one part per GPU; host-only groups stay on the CPU."""
+    acc = accelerators(problem)
+    nodes = _movable(problem, acc)
+    parts = metis_parts(problem, len(acc), nodes, seed)
+    a = _parts_to_assignment(problem, nodes, parts, acc)
+    r = repair_memory(problem, a)
+    score(tracker, np.stack([a, r]) if np.any(r != a) else a)
+    return {"parts": int(len(acc)), "partitioned_groups": int(len(nodes)),
+            "memory_repaired": bool(np.any(r != a))}
+
+
+def _kl_split(G, nodes, k, rng, out, base):
+    """Recursive Kernighan-Lin bisection of ``nodes`` into ``k`` parts numbered from base."""
+    from networkx.algorithms.community import kernighan_lin_bisection
+
+    if k <= 1 or len(nodes) <= 1:
+        out[nodes] = base
+        return
+    k1 = k // 2
+    n1 = int(round(len(nodes) * k1 / k))
+    # KL keeps part sizes fixed; start from a topologically contiguous split (nodes are
+    # in group order, which follows op order) so it refines a sensible cut.
+    A, B = set(nodes[:n1].tolist()), set(nodes[n1:].tolist())
+    if A and B:
+        A, B = kernighan_lin_bisection(G.subgraph(nodes.tolist()), partition=(A, B), max_iter=10,
+                                       weight="weight", seed=int(rng.integers(1 << 31)))
+    a = np.array(sorted(A), np.int64)
+    b = np.array(sorted(B), np.int64)
+    _kl_split(G, a, k1, rng, out, base)
+    _kl_split(G, b, k - k1, rng, out, base + k1)
+
+
+@register("mincut")
+def mincut(problem, budget, seed, tracker):
+    """Min-cut baseline: recursive Kernighan-Lin bisection of the group graph into one
+    part per GPU (equal group counts per part; KL minimises the bytes cut)."""
+    import networkx as nx
+
+    acc = accelerators(problem)
+    nodes = _movable(problem, acc)
+    xadj, adjncy, w = undirected_group_graph(problem, nodes)
+    n = len(nodes)
+    G = nx.Graph()
+    G.add_nodes_from(range(n))
+    src = np.repeat(np.arange(n), np.diff(xadj))
+    half = src < adjncy
+    G.add_weighted_edges_from(zip(src[half].tolist(), adjncy[half].tolist(), w[half].tolist()))
+    parts = np.zeros(n, np.int64)
+    _kl_split(G, np.arange(n), len(acc), np.random.default_rng(seed), parts, 0)
+    a = _parts_to_assignment(problem, nodes, parts, acc)
+    r = repair_memory(problem, a)
+    score(tracker, np.stack([a, r]) if np.any(r != a) else a)
+    s, d, wb = group_edges(problem)
+    cut = float(wb[a[s] != a[d]].sum())
+    return {"parts": int(len(acc)), "cut_bytes": cut, "memory_repaired": bool(np.any(r != a))}
