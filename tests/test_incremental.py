@@ -1,0 +1,154 @@
+"""The incremental simulator equals the full one, move for move."""
+
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from costmodel import Cluster, CostModel, OpGraph, UserError, presets
+from costmodel.incremental import IncrementalSimulator
+from search import Problem
+
+from .helpers import cluster as make_cluster
+
+
+def _same(r, full):
+    assert r.step_time_us == full.step_time_us
+    assert np.array_equal(r.peak_memory_bytes, full.peak_memory_bytes)
+    assert r.feasible == full.feasible
+
+
+# ------------------------------------------------------------------ by hand
+def test_hand_checked_move_of_the_middle_op_of_a_chain():
+    # a(2) -> b(3) -> c(1), 10-byte tensors, links 1 us + 10 B / 10 B/us = 2 us
+    g = nx.DiGraph()
+    for v in "abc":
+        g.add_node(v, op_type="Op", out_bytes=10)
+    g.add_edges_from([("a", "b"), ("b", "c")])
+    graph = OpGraph.from_networkx(g)
+    cm = CostModel(graph, make_cluster(2, latency=1.0, bandwidth=10.0, kinds=["gpu", "gpu"]),
+                   op_times=np.array([[2.0, 2.0], [3.0, 3.0], [1.0, 1.0]]))
+    inc = IncrementalSimulator(cm, np.zeros(3, np.int32))
+    assert inc.base.step_time_us == 6.0
+    assert list(inc.base.peak_memory_bytes) == [20, 0]
+    r = inc.evaluate_move(1, 1)
+    # a 0..2 on d0; a -> d1 2..4; b 4..7 on d1; b -> d0 7..9; c 9..10 on d0
+    assert r.step_time_us == 10.0
+    assert list(r.peak_memory_bytes) == [20, 20]
+    assert r.restored_at_us <= 2.0  # nothing before a's end can change
+    _same(r, cm.simulate(np.array([0, 1, 0])))
+    # the base is untouched by an evaluation; a commit moves it
+    assert inc.evaluate_move(1, 0).step_time_us == 6.0
+    inc.commit(np.array([0, 1, 0], np.int32))
+    assert inc.base.step_time_us == 10.0
+    assert inc.evaluate_move(1, 0).step_time_us == 6.0
+
+
+def test_moving_a_group_where_it_cannot_run_is_a_user_error():
+    cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x2"))
+    pinned = int(np.flatnonzero(~cm.group_device_ok[:, 1])[0])
+    a = np.where(cm.group_device_ok[:, 1], 1, 0).astype(np.int32)
+    inc = IncrementalSimulator(cm, a)
+    with pytest.raises(UserError, match="cannot run on device index 1"):
+        inc.evaluate_move(pinned, 1)
+
+
+# ---------------------------------------------------------- property (hypothesis)
+@st.composite
+def problems(draw):
+    n = draw(st.integers(2, 22))
+    D = draw(st.integers(2, 4))
+    n_out = [draw(st.integers(1, 2)) for _ in range(n)]
+    edges = []
+    for v in range(1, n):
+        for u in draw(st.lists(st.integers(0, v - 1), max_size=3, unique=True)):
+            control = draw(st.booleans()) and draw(st.booleans())
+            edges.append((u, v, control, draw(st.integers(0, n_out[u] - 1))))
+    out_bytes = [draw(st.integers(0, 1000)) for _ in range(n)]
+    groups = [draw(st.integers(0, n - 1)) if draw(st.booleans()) else None for _ in range(n)]
+    # small integer times make simultaneous events (and zero-length ops) common
+    T = np.array([[draw(st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0])) for _ in range(D)] for _ in range(n)])
+    lat = np.array([[draw(st.sampled_from([0.0, 1.0, 2.0])) for _ in range(D)] for _ in range(D)])
+    bw = np.array([[draw(st.sampled_from([1.0, 10.0, 100.0])) for _ in range(D)] for _ in range(D)])
+    params = [draw(st.integers(0, 300)) for _ in range(n)]
+    memory = draw(st.sampled_from([1500, 3000, 1 << 30]))  # some placements run out of memory
+    assign = [draw(st.integers(0, D - 1)) for _ in range(n)]
+    moves = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, D - 1), st.booleans()),
+                          min_size=1, max_size=8))
+    checkpoints = draw(st.sampled_from([1, 3, 64]))
+    return n, D, n_out, edges, out_bytes, groups, T, lat, bw, params, memory, assign, moves, checkpoints
+
+
+def build(n, D, n_out, edges, out_bytes, groups, T, lat, bw, params, memory):
+    g = nx.DiGraph()
+    for v in range(n):
+        g.add_node(f"op{v}", op_type="Op", out_bytes=out_bytes[v], param_bytes=params[v],
+                   group=None if groups[v] is None else f"g{groups[v]}")
+    for u, v, control, k in edges:
+        a = {"control": True} if control else {"output": k, "bytes": (out_bytes[u] + 7 * k) // (k + 1)}
+        g.add_edge(f"op{u}", f"op{v}", **a)
+    graph = OpGraph.from_networkx(g)
+    c = Cluster.from_dict({
+        "name": "h",
+        "devices": [{"name": f"d{i}", "kind": "gpu", "memory_bytes": memory} for i in range(D)],
+        "links": {"default": {"latency_us": 1.0, "bandwidth_bytes_per_us": 1.0}},
+    })
+    c.latency_us[:] = lat
+    c.bandwidth_bytes_per_us[:] = bw
+    np.fill_diagonal(c.latency_us, 0.0)
+    np.fill_diagonal(c.bandwidth_bytes_per_us, np.inf)
+    return CostModel(graph, c, op_times=T)
+
+
+@pytest.mark.slow
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_incremental_equals_full_simulation(args):
+    *spec, assign, moves, checkpoints = args
+    cm = build(*spec)
+    G, D = cm.graph.n_groups, cm.n_devices
+    a = np.array(assign[:G], np.int32) % D
+    inc = IncrementalSimulator(cm, a, checkpoints=checkpoints)
+    _same(inc.base, cm.simulate(a))
+    for k, (grp, dev, commit) in enumerate(moves):
+        grp %= G
+        b = a.copy()
+        b[grp] = dev
+        if k % 3 == 2 and G > 1:  # now and then two groups at once (a swap-like move)
+            b[(grp + 1) % G] = (b[(grp + 1) % G] + 1) % D
+            r = inc.evaluate(b)
+        else:
+            r = inc.evaluate_move(grp, dev)
+        _same(r, cm.simulate(b))
+        if commit:
+            inc.commit(b)
+            a = b
+            _same(inc.base, cm.simulate(a))
+
+
+def test_incremental_equals_full_on_a_synthetic_graph_with_commits():
+    cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x4"))
+    pr = Problem(cm)
+    rng = np.random.default_rng(3)
+    a = pr.random_assignment(rng)
+    inc = IncrementalSimulator(cm, a, checkpoints=16)
+    restarted = converged = 0
+    for k in range(60):
+        g = int(rng.integers(pr.n_groups))
+        others = np.flatnonzero(pr.allowed[g] & (np.arange(pr.n_devices) != a[g]))
+        if others.size == 0:
+            continue
+        b = a.copy()
+        b[g] = rng.choice(others)
+        r = inc.evaluate(b)
+        _same(r, cm.simulate(b))
+        restarted += r.restored_at_us > 0
+        converged += r.converged
+        if k % 7 == 0:
+            inc.commit(b)
+            a = b
+    # the point of it: most moves restart part-way, some stop early
+    assert restarted > 30 and converged > 0

@@ -1,0 +1,158 @@
+"""sa and tpe: brute-force optima, determinism, valid placements, storage."""
+
+from __future__ import annotations
+
+import itertools
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from costmodel import CostModel, OpGraph, presets
+from search import Budget, Problem, SearchError, run
+from search.tpe import coarsen
+
+from .helpers import cluster as make_cluster
+
+
+def eight_groups():
+    """8 groups on 2 GPUs (256 assignments): two 4-op chains that meet at a sink, a
+    variable grouped with its reader, tensors worth sending only sometimes."""
+    rng = np.random.default_rng(7)
+    g = nx.DiGraph()
+    names = [f"op{i}" for i in range(9)]
+    for i, v in enumerate(names):
+        g.add_node(v, op_type="Op", out_bytes=int(rng.integers(100, 2000)),
+                   group="var" if i in (0, 8) else None)
+    edges = [(0, 1), (1, 2), (2, 3), (0, 4), (4, 5), (5, 6), (3, 7), (6, 7), (7, 8), (2, 6)]
+    g.add_edges_from((names[u], names[v]) for u, v in edges)
+    graph = OpGraph.from_networkx(g, "eight")
+    assert graph.n_groups == 8
+    T = rng.uniform(5, 60, size=(9, 1)) * np.array([[1.0, 1.3]])  # gpu:1 is slower
+    cl = make_cluster(2, latency=2.0, bandwidth=100.0, kinds=["gpu", "gpu"])
+    return CostModel(graph, cl, op_times=T)
+
+
+def brute_force(cm):
+    A = np.array(list(itertools.product(range(cm.n_devices), repeat=cm.graph.n_groups)), np.int32)
+    r = cm.simulate_batch(A)
+    step = np.where(r.feasible, r.step_time_us, np.inf)
+    return float(step.min()), A
+
+
+@pytest.fixture(scope="module")
+def eight():
+    cm = eight_groups()
+    best, A = brute_force(cm)
+    return cm, best
+
+
+def test_the_brute_force_instance_is_not_solved_by_the_simple_baselines(eight):
+    cm, best = eight
+    for m in ("single", "round-robin"):
+        assert run(m, Problem(cm), Budget(evals=10), seed=0).step_time_us > best * 1.02
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["incremental", "batch"])
+def test_sa_finds_the_brute_force_optimum(eight, mode):
+    cm, best = eight
+    # seeded only by `single`, so the annealing itself must find it, in < half the space
+    r = run("sa", Problem(cm), Budget(evals=120), seed=1, mode=mode, seeds=("single",))
+    assert r.feasible and r.step_time_us == best
+    assert r.evaluations <= 120
+
+
+@pytest.mark.timeout(120)
+def test_tpe_finds_the_brute_force_optimum(eight):
+    cm, best = eight
+    r = run("tpe", Problem(cm), Budget(evals=150), seed=1, seeds=("single",))
+    assert r.metadata["variables"] == 8  # small enough not to be coarsened
+    assert r.feasible and r.step_time_us == best
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["sa", "tpe"])
+def test_same_seed_same_answer(method):
+    cm = CostModel(presets.load_graph("synthetic-300"), presets.load_cluster("k80x2"))
+    opts = {"variables": 30} if method == "tpe" else {}
+    runs = [run(method, Problem(cm), Budget(evals=120), seed=s, **opts) for s in (5, 5)]
+    assert np.array_equal(runs[0].assignment, runs[1].assignment)
+    assert runs[0].step_time_us == runs[1].step_time_us
+    assert [(e, b) for e, _, b in runs[0].history] == [(e, b) for e, _, b in runs[1].history]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["sa", "tpe"])
+def test_placements_are_valid_and_fit_in_memory(method):
+    """Pinned input ops stay on the CPU, groups stay whole; with memory so tight that
+    some placements run out, the answer still fits."""
+    g = presets.load_graph("synthetic-300")
+    cl = presets.load_cluster("k80x2")
+    cm = CostModel(g, cl)
+    pr = Problem(cm)
+    # memory: room for about 60% of the parameters and the largest tensors on each GPU
+    cap = int(0.6 * g.param_bytes.sum() + 2 * np.sort(g.out_bytes)[-20:].sum())
+    for d in cl.devices[1:]:
+        object.__setattr__(d, "memory_bytes", cap)
+    cm = CostModel(g, cl)
+    pr = Problem(cm)
+    r = run(method, pr, Budget(evals=150), seed=0)
+    assert pr.is_valid(r.assignment)
+    assert cm.violation(r.placement) is None
+    full = cm.simulate(r.placement)
+    assert r.feasible and full.feasible and full.step_time_us == r.step_time_us
+    cpu_only = np.flatnonzero(g.allowed == 1)
+    assert cpu_only.size and np.all(r.placement[cpu_only] == 0)
+
+
+def test_coarsening_keeps_chunks_topological_and_pinned_groups_fixed():
+    cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x4"))
+    pr = Problem(cm)
+    chunk, k, devs = coarsen(pr, 100)
+    assert 90 <= k <= 100
+    assert np.all(chunk[pr.allowed.sum(axis=1) < 2] == -1)
+    first = np.full(pr.n_groups, 1 << 40)
+    np.minimum.at(first, cm.graph.group, cm.graph.topo_rank)
+    m = chunk >= 0
+    order = np.argsort(first[m], kind="stable")
+    assert np.all(np.diff(chunk[m][order]) >= 0)  # chunks are runs in topological order
+    assert all(len(d) >= 2 for d in devs)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_tpe_storage_persists_and_resumes_a_study(tmp_path, kind):
+    import optuna
+
+    from search.tpe import _storage
+
+    cm = CostModel(presets.load_graph("synthetic-200"), presets.load_cluster("k80x2"))
+    url = f"sqlite:///{tmp_path / 'study.db'}" if kind == "sqlite" else f"journal:///{tmp_path / 'study.log'}"
+    # (sqlite commits every parameter: keep the study small)
+    opts = dict(variables=4, seeds=("single", "round-robin"), batch=4)
+    r1 = run("tpe", Problem(cm), Budget(evals=12), seed=3, storage=url, **opts)
+    r2 = run("tpe", Problem(cm), Budget(evals=12), seed=3, storage=url, **opts)
+    assert r1.metadata["resumed_trials"] == 0
+    assert r2.metadata["study"] == r1.metadata["study"]
+    # the second process found the first one's trials and added its own
+    assert r2.metadata["resumed_trials"] == r1.metadata["trials"] > 0
+    st = optuna.load_study(study_name=r1.metadata["study"], storage=_storage(url))
+    assert len(st.trials) == r1.metadata["trials"] + r2.metadata["trials"]
+    # a different seed is a different study
+    r3 = run("tpe", Problem(cm), Budget(evals=6), seed=4, storage=url, **opts)
+    assert r3.metadata["study"] != r1.metadata["study"] and r3.metadata["resumed_trials"] == 0
+
+
+def test_tpe_bad_storage_is_a_clear_error():
+    cm = CostModel(presets.load_graph("synthetic-200"), presets.load_cluster("k80x2"))
+    with pytest.raises(SearchError, match="cannot open Optuna storage"):
+        run("tpe", Problem(cm), Budget(evals=40), seed=0, storage="nosuchdb://x/y", seeds=("single",))
+
+
+def test_sa_rejects_an_unknown_mode():
+    cm = CostModel(presets.load_graph("synthetic-200"), presets.load_cluster("k80x2"))
+    with pytest.raises(SearchError, match="mode"):
+        run("sa", Problem(cm), Budget(evals=10), seed=0, mode="quantum")
