@@ -1,0 +1,320 @@
+"""``placetool testbed``, ``placetool calibrate``, ``placetool verify``: real devices.
+
+Devices are given by one of: ``--testbed N`` (start N local worker processes for this
+command and stop them after), ``--cluster-spec FILE`` (a running TF cluster: JSON
+``{"worker": ["host:port", ...]}``), ``--local`` (this process's own CPU and GPUs), or
+nothing (the testbed started by ``placetool testbed up``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import click
+import numpy as np
+
+from costmodel.errors import UserError
+
+from .common import check_writable, emit_json, fmt_us, json_option
+
+
+# ------------------------------------------------------------------ options
+def device_options(f):
+    f = click.option("--local", is_flag=True, help="Use this process's own CPU (and GPUs) instead of workers.")(f)
+    f = click.option("--cluster-spec", "cluster_spec", type=click.Path(dir_okay=False),
+                     help='A running TF cluster: JSON {"worker": ["host:port", ...]} '
+                          '(optionally {"workers": [...], "devices": [{"tf": "/job:...", "kind": "gpu"}]}).')(f)
+    f = click.option("--testbed-device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
+                     help="With --testbed: one CPU per worker, or one GPU per worker (CUDA_VISIBLE_DEVICES=k).")(f)
+    f = click.option("--testbed", "testbed_n", type=click.IntRange(min=1), default=None,
+                     help="Start N local workers for this command and stop them after.")(f)
+    f = click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0, show_default=True,
+                     help="Seconds to wait for workers to come up, and for any one step.")(f)
+    return f
+
+
+def source_options(f):
+    f = click.option("--zoo-arg", "zoo_args", multiple=True, metavar="KEY=VALUE",
+                     help="Option for a zoo builder (e.g. hidden=256); repeatable.")(f)
+    f = click.option("--optimizer", default="sgd", show_default=True, help="Optimizer of the training step.")(f)
+    f = click.option("--mode", type=click.Choice(["train", "infer"]), default="train", show_default=True)(f)
+    f = click.option("--batch", type=click.IntRange(min=1), default=None, help="Batch size (default: the model's).")(f)
+    return f
+
+
+def parse_zoo_args(items) -> dict:
+    out = {}
+    for it in items:
+        k, sep, v = it.partition("=")
+        if not sep or not k:
+            raise UserError(f"--zoo-arg {it!r}: expected KEY=VALUE")
+        for conv in (int, float):
+            try:
+                out[k] = conv(v)
+                break
+            except ValueError:
+                continue
+        else:
+            out[k] = {"true": True, "false": False}.get(v.lower(), v)
+    return out
+
+
+def planned_spec(testbed_n, testbed_device, cluster_spec, local):
+    """The devices a command will use, known before anything starts (for early checks)."""
+    from costmodel.tf.testbed import ClusterSpec, Testbed, TestbedError, default_state_path
+
+    chosen = [x for x in (testbed_n, cluster_spec, local or None) if x]
+    if len(chosen) > 1:
+        raise UserError("give only one of --testbed N, --cluster-spec FILE, --local")
+    if testbed_n:
+        return ClusterSpec.for_workers(["localhost:0"] * testbed_n, testbed_device)
+    if cluster_spec:
+        return ClusterSpec.load(cluster_spec)
+    if local:
+        from costmodel.tf.runner import local_spec
+
+        return local_spec()
+    if default_state_path().exists():
+        return Testbed.from_state().spec
+    raise TestbedError("no devices: give --testbed N, --cluster-spec FILE or --local, "
+                       "or start a testbed with `placetool testbed up --workers N`")
+
+
+@contextlib.contextmanager
+def devices(testbed_n, testbed_device, cluster_spec, local, timeout_s, log=None):
+    """Yield the ClusterSpec to measure on; a ``--testbed`` one is stopped afterwards."""
+    from costmodel.tf.testbed import Testbed
+
+    if testbed_n:
+        if log:
+            log(f"starting a {testbed_n}-worker testbed ...")
+        with Testbed.start(testbed_n, device=testbed_device, timeout_s=timeout_s) as tb:
+            yield tb.spec
+        return
+    spec = planned_spec(None, testbed_device, cluster_spec, local)
+    spec.check_reachable(timeout_s=min(timeout_s, 10.0))
+    yield spec
+
+
+def _log(quiet):
+    return (lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True))
+
+
+# ------------------------------------------------------------------ testbed
+@click.group()
+def testbed():
+    """Local TF worker testbed: N tf.distribute.Server processes, one device each."""
+
+
+@testbed.command("up")
+@click.option("--workers", "-n", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True)
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0, show_default=True)
+@click.option("--state", type=click.Path(dir_okay=False), default=None, help="State file (default: ~/.local/state/placetool/testbed.json).")
+@json_option
+def testbed_up(workers, device, timeout_s, state, as_json):
+    """Start the workers in the background and record them in the state file."""
+    from costmodel.tf.testbed import Testbed, TestbedError, default_state_path
+
+    path = Path(state or default_state_path())
+    if path.exists():
+        try:
+            old = Testbed.from_state(path)
+            if any(s["alive"] for s in old.status()):
+                raise TestbedError(f"a testbed is already up ({path}); stop it with `placetool testbed down`")
+        except TestbedError as e:
+            if "already up" in str(e):
+                raise
+    tb = Testbed.start(workers, device=device, timeout_s=timeout_s, detached=True)
+    try:
+        tb.save_state(path)
+    except BaseException:
+        tb.stop()
+        raise
+    out = {"state": str(path), "workers": tb.spec.workers, "tf_devices": tb.spec.tf_devices,
+           "pids": tb.pids, "log_dir": tb.log_dir}
+    if as_json:
+        emit_json(out)
+    else:
+        click.echo(f"testbed up: {workers} {device} worker(s), state in {path}")
+        for k, (a, d) in enumerate(zip(tb.spec.workers, tb.spec.tf_devices)):
+            click.echo(f"  task {k}: {a}  {d}  pid {tb.pids[k]}")
+
+
+@testbed.command("down")
+@click.option("--state", type=click.Path(dir_okay=False), default=None)
+@json_option
+def testbed_down(state, as_json):
+    """Stop the workers recorded in the state file."""
+    from costmodel.tf.testbed import Testbed, default_state_path
+
+    path = Path(state or default_state_path())
+    tb = Testbed.from_state(path)
+    n = tb.n_workers
+    tb.stop()
+    path.unlink(missing_ok=True)
+    if as_json:
+        emit_json({"stopped": n, "state": str(path)})
+    else:
+        click.echo(f"testbed down: stopped {n} worker(s)")
+
+
+@testbed.command("status")
+@click.option("--state", type=click.Path(dir_okay=False), default=None)
+@json_option
+def testbed_status(state, as_json):
+    """Show each worker: address, pid, alive, listening."""
+    from costmodel.tf.testbed import Testbed, default_state_path
+
+    path = Path(state or default_state_path())
+    if not path.exists():
+        if as_json:
+            emit_json({"up": False, "workers": []})
+        else:
+            click.echo("no testbed is up")
+        return
+    tb = Testbed.from_state(path)
+    st = tb.status()
+    up = all(s["alive"] and s["listening"] for s in st)
+    if as_json:
+        emit_json({"up": up, "state": str(path), "workers": st})
+        return
+    click.echo(f"testbed {'up' if up else 'DEGRADED'} ({path})")
+    for s in st:
+        click.echo(f"  task {s['task']}: {s['address']}  pid {s['pid']}  "
+                   f"{'alive' if s['alive'] else 'dead'}, {'listening' if s['listening'] else 'not listening'}")
+
+
+# ------------------------------------------------------------------ calibrate
+@click.command()
+@click.option("--graph", "-g", "graphs", multiple=True, required=True,
+              help="Model to trace and profile: zoo name, module:function, SavedModel or .pb (repeatable).")
+@source_options
+@device_options
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
+@click.option("--cluster-out", type=click.Path(dir_okay=False), default=None,
+              help="Calibrated cluster TOML to write (default: OUT with .toml).")
+@click.option("--trace-steps", type=click.IntRange(min=1), default=5, show_default=True,
+              help="FULL_TRACE steps per graph (per-op medians).")
+@click.option("--reps", type=click.IntRange(min=3), default=9, show_default=True, help="Repeats per transfer size.")
+@click.option("--max-transfer", type=click.IntRange(min=4096), default=64 * 2 ** 20, show_default=True,
+              help="Largest transfer timed, bytes (sizes go 1 KB, 4 KB, ... up to it).")
+@click.option("--split-steps", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Random split placements measured per graph to fit the per-transfer latency (0: keep the timed one).")
+@click.option("--name", default="calibrated", show_default=True, help="Name of the calibrated cluster.")
+@click.option("--quiet", "-q", is_flag=True)
+@json_option
+def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, testbed_device, cluster_spec,
+              local, out, cluster_out, trace_steps, reps, max_transfer, split_steps, name, quiet, as_json):
+    """Measure op times and links on real devices; write a profile and a cluster file."""
+    cluster_out = cluster_out or str(Path(out).with_suffix(".toml"))
+    check_writable(out)
+    check_writable(cluster_out)
+    planned_spec(testbed_n, testbed_device, cluster_spec, local) if not testbed_n else None
+    from costmodel.tf.calibrate import DEFAULT_SIZES, calibrate as run_calibration
+    from costmodel.tf.importer import trace
+
+    log = _log(quiet or as_json)
+    kw = parse_zoo_args(zoo_args)
+    traced = []
+    for gsrc in graphs:
+        log(f"tracing {gsrc} ...")
+        traced.append(trace(gsrc, mode=mode, batch=batch, optimizer=optimizer, **kw))
+    sizes = [s for s in DEFAULT_SIZES if s <= max_transfer]
+    with devices(testbed_n, testbed_device, cluster_spec, local, timeout_s, log) as spec:
+        profile, cluster = run_calibration(traced, spec, sizes=sizes, trace_steps=trace_steps, reps=reps,
+                                           name=name, log=log, timeout_s=timeout_s, split_steps=split_steps)
+    profile.save(out)
+    cluster.save(cluster_out)
+    summary = {
+        "profile": str(out), "cluster": str(cluster_out), "devices": [d["name"] for d in profile.devices],
+        "step_overhead_us": profile.step_overhead_us, "dispatch_us": profile.dispatch_us,
+        "graphs": profile.meta["graphs"],
+        "links": [{k: l[k] for k in ("src", "dst", "latency_us", "bandwidth_bytes_per_us")} for l in profile.links],
+        "fitted_op_types": {k: len(v) for k, v in profile.fits.items()},
+    }
+    if as_json:
+        emit_json(summary)
+        return
+    click.echo(f"profile written to {out}; cluster written to {cluster_out}")
+    for l in summary["links"]:
+        click.echo(f"  link {l['src']} -> {l['dst']}: latency {l['latency_us']:,.1f} µs, "
+                   f"bandwidth {l['bandwidth_bytes_per_us'] / 1e3:,.2f} GB/s")
+
+
+# ------------------------------------------------------------------ verify
+def predict(cm, profile, p) -> tuple[float, float]:
+    """(simulated µs, per-step overhead µs) of per-op placement ``p``."""
+    r = cm.simulate(p)
+    if not r.feasible and not np.isfinite(r.step_time_us):
+        raise UserError(f"placement is invalid: {r.reason}")
+    over = profile.step_overhead(len(np.unique(p))) if profile is not None else 0.0
+    return float(r.step_time_us), float(over)
+
+
+@click.command()
+@click.option("--graph", "-g", "source", required=True,
+              help="Model to trace and run: zoo name, module:function, SavedModel or .pb.")
+@source_options
+@click.option("--placement", "-p", required=True,
+              help="A placement JSON file, single:DEVICE, round-robin or random[:SEED].")
+@click.option("--profile", default=None, type=click.Path(dir_okay=False),
+              help="Profile from placetool calibrate (predictions use it; its cluster is the default).")
+@click.option("--cluster", "-c", default=None, help="Cluster for predictions (default: the profile's).")
+@device_options
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Timed steps (median).")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
+@json_option
+def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster, testbed_n, timeout_s,
+           testbed_device, cluster_spec, local, steps, warmup, as_json):
+    """Run a placement for real and compare its measured step time with the prediction."""
+    from costmodel import CostModel, presets
+    from costmodel.calibration import load_profile
+
+    from .simulate import parse_placement
+
+    prof = load_profile(profile) if profile else None
+    if cluster:
+        cl = presets.load_cluster(cluster)
+    elif prof is not None:
+        cl = prof.cluster()
+    else:
+        raise UserError("verify needs --profile (from placetool calibrate) or --cluster for its prediction")
+    spec0 = planned_spec(testbed_n, testbed_device, cluster_spec, local)
+    if cl.n_devices != len(spec0.tf_devices):
+        raise UserError(f"cluster {cl.name!r} has {cl.n_devices} devices but {len(spec0.tf_devices)} "
+                        "devices are being measured")
+    for i, (k, k2) in enumerate(zip(cl.kinds, spec0.kinds)):
+        if k != k2:
+            raise UserError(f"cluster device {cl.names[i]!r} is a {k} but measured device {i} "
+                            f"({spec0.tf_devices[i]}) is a {k2}")
+    from costmodel.tf.importer import trace
+    from costmodel.tf.runner import check_placement, measure
+
+    t = trace(source, mode=mode, batch=batch, optimizer=optimizer, **parse_zoo_args(zoo_args))
+    cm = CostModel(t.graph, cl, profile=prof)
+    p = parse_placement(placement, cm)
+    reason = cm.violation(p)
+    if reason:
+        raise UserError(f"placement refused: {reason}")
+    check_placement(t.graph, p, spec0)  # before any worker starts
+    sim, over = predict(cm, prof, p)
+    predicted = sim + over
+    log = _log(as_json)
+    with devices(testbed_n, testbed_device, cluster_spec, local, timeout_s, log) as spec:
+        log(f"measuring {t.graph.name} ({t.graph.n_ops} ops), {warmup} warm-up + {steps} timed steps ...")
+        m = measure(t, p, spec, warmup=warmup, steps=steps, timeout_s=timeout_s)
+    err = 100.0 * (predicted - m.step_us) / m.step_us
+    used = sorted({cl.names[i] for i in np.unique(p)})
+    out = {"graph": t.graph.name, "ops": t.graph.n_ops, "cluster": cl.name, "placement": placement,
+           "devices_used": used, "measured_us": m.step_us, "predicted_us": predicted,
+           "simulated_us": sim, "step_overhead_us": over, "error_pct": err, "steps_us": m.steps_us,
+           "profile": profile}
+    if as_json:
+        emit_json(out)
+        return
+    click.echo(f"{t.graph.name} ({t.graph.n_ops} ops), placement {placement} on {', '.join(used)}")
+    click.echo(f"measured    {fmt_us(m.step_us)}   (median of {steps} steps)")
+    click.echo(f"predicted   {fmt_us(predicted)}   (simulated {fmt_us(sim)} + step overhead {fmt_us(over)})")
+    click.echo(f"error       {err:+.1f}%")

@@ -1,0 +1,322 @@
+"""Measured profiles: per-op medians, per-op-type fits, link fits (no TensorFlow here).
+
+A profile is written by ``placetool calibrate`` (:mod:`costmodel.tf.calibrate`) and read
+by :func:`load_profile`; :meth:`Profile.op_times` turns it into ``T[op, device]`` with
+NaN where it knows nothing, and :func:`costmodel.profile.op_time_matrix` fills the NaNs
+from the datasheet roofline. Order of trust for an op on a device of kind K:
+
+1. a measured median for this graph and op name on kind K, if the op still has the same
+   type, FLOPs and bytes (a different batch size changes those, and then the old
+   measurement is not used);
+2. the kind's per-op-type fit ``t = intercept + flops * us_per_flop + bytes * us_per_byte``;
+3. the kind's fit over all op types (``"*"``), when the type was never profiled.
+
+The JSON file (format ``placetool.profile``, version 1)::
+
+    {"format": "placetool.profile", "version": 1,
+     "host": "...", "tf_version": "2.21.0", "date": "2026-...Z",
+     "devices": [{"name": "cpu:0", "kind": "cpu", "tf": "/job:worker/replica:0/task:0/device:CPU:0"}],
+     "step_overhead_us": [310.0, 620.0],          # fixed cost of a step using 1, 2, ... devices
+     "dispatch_us": {"cpu": 12.0},                 # per-op executor cost the op trace misses
+     "ops": {"cpu": {"GRAPH": {"OP": ["MatMul", median_us, flops, bytes], ...}}},
+     "fits": {"cpu": {"MatMul": {"intercept_us": .., "us_per_flop": .., "us_per_byte": .., "n": ..}}},
+     "links": [{"src": "cpu:0", "dst": "cpu:1", "latency_us": .., "bandwidth_bytes_per_us": ..,
+                "samples": [[bytes, us], ...]}],
+     "cluster": {...}}                             # the calibrated cluster (Cluster.to_dict)
+
+Units: microseconds, bytes, FLOPs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import UserError, atomic_write
+
+FORMAT = "placetool.profile"
+VERSION = 1
+
+
+class ProfileError(UserError):
+    """A profile file is malformed; the message names the file and field."""
+
+
+@dataclass
+class OpFit:
+    """``t = intercept_us + flops * us_per_flop + bytes * us_per_byte`` (all >= 0)."""
+
+    intercept_us: float
+    us_per_flop: float
+    us_per_byte: float
+    n: int = 0
+
+    def predict(self, flops, nbytes) -> np.ndarray:
+        return self.intercept_us + np.asarray(flops, np.float64) * self.us_per_flop + \
+            np.asarray(nbytes, np.float64) * self.us_per_byte
+
+    def to_dict(self) -> dict:
+        return {"intercept_us": self.intercept_us, "us_per_flop": self.us_per_flop,
+                "us_per_byte": self.us_per_byte, "n": self.n}
+
+
+def fit_op_type(flops, nbytes, times) -> OpFit:
+    """Non-negative least squares of time on (1, flops, bytes).
+
+    With fewer than 3 samples, or when a column is constant, the fit keeps fewer terms
+    (an intercept alone for one sample) so it never extrapolates from noise.
+    """
+    from scipy.optimize import nnls
+
+    f = np.asarray(flops, np.float64)
+    b = np.asarray(nbytes, np.float64)
+    t = np.asarray(times, np.float64)
+    n = len(t)
+    if n == 0:
+        raise ValueError("no samples to fit")
+    cols = [np.ones(n)]
+    names = ["intercept"]
+    # scale columns to unit max so nnls is well conditioned
+    for name, x in (("flops", f), ("bytes", b)):
+        if n >= 3 and np.ptp(x) > 0:
+            cols.append(x)
+            names.append(name)
+    A = np.stack(cols, axis=1)
+    scale = np.maximum(np.abs(A).max(axis=0), 1e-300)
+    coef, _ = nnls(A / scale, t)
+    coef = coef / scale
+    c = dict(zip(names, coef))
+    return OpFit(float(c.get("intercept", 0.0)), float(c.get("flops", 0.0)), float(c.get("bytes", 0.0)), n)
+
+
+def fit_link(nbytes, times_us) -> tuple[float, float]:
+    """(latency_us, bandwidth_bytes_per_us) from timed transfers: ``t = lat + bytes / bw``.
+
+    Robust to a noisy machine: the slope (1 / bandwidth) is a least-squares fit over the
+    large transfers (>= 1 MB, where bytes dominate), the latency the median residual of
+    the small ones (<= 64 KB); both are kept >= 0. With fewer sizes, one fit over all.
+    """
+    from scipy.optimize import nnls
+
+    x = np.asarray(nbytes, np.float64)
+    t = np.asarray(times_us, np.float64)
+    if len(x) < 2 or np.ptp(x) == 0:
+        raise ValueError("a link fit needs transfers of at least two sizes")
+    big = x >= 2 ** 20
+    if big.sum() < 2:
+        big = np.ones_like(x, bool)
+    A = np.stack([np.ones(big.sum()), x[big] / x.max()], axis=1)
+    coef, _ = nnls(A, t[big])
+    per_byte = float(coef[1] / x.max())
+    small = x <= 2 ** 16
+    if not small.any():
+        small = x <= np.median(x)
+    lat = max(float(np.median(t[small] - x[small] * per_byte)), 0.0)
+    bw = 1.0 / per_byte if per_byte > 0 else 1e12
+    return lat, bw
+
+
+def count_latency(counts, times_us) -> float:
+    """Per-transfer latency (µs, >= 0): the slope of step time over the number of hops of
+    a chain of small dependent transfers (least squares)."""
+    k = np.asarray(counts, np.float64)
+    t = np.asarray(times_us, np.float64)
+    if len(k) < 2 or np.ptp(k) == 0:
+        raise ValueError("a latency fit needs at least two different transfer counts")
+    slope = np.polyfit(k, t, 1)[0]
+    return max(float(slope), 0.0)
+
+
+@dataclass
+class Profile:
+    """A measured profile; see the module docstring for the JSON layout."""
+
+    devices: list[dict]
+    ops: dict = field(default_factory=dict)      # kind -> graph -> op -> [type, us, flops, bytes]
+    fits: dict = field(default_factory=dict)     # kind -> op_type -> OpFit
+    links: list[dict] = field(default_factory=list)
+    step_overhead_us: list[float] = field(default_factory=list)
+    dispatch_us: dict = field(default_factory=dict)  # kind -> µs added to every profiled op
+    cluster_dict: dict | None = None
+    host: str = ""
+    tf_version: str = ""
+    date: str = ""
+    meta: dict = field(default_factory=dict)
+
+    # --------------------------------------------------------------- build
+    def add_op_medians(self, kind: str, graph, medians: dict[str, float]) -> None:
+        """Record per-op medians (µs) measured for ``graph`` on a device of ``kind``."""
+        by_op = self.ops.setdefault(kind, {}).setdefault(graph.name, {})
+        moved = graph.in_bytes + graph.out_bytes
+        for name, us in medians.items():
+            i = graph.index.get(name)
+            if i is None:
+                continue
+            by_op[name] = [graph.op_types[i], float(us), float(graph.flops[i]), int(moved[i])]
+
+    def refit(self, min_samples: int = 1) -> None:
+        """Fit every op type of every kind from the recorded medians, plus ``"*"`` (all ops)."""
+        self.fits = {}
+        for kind, graphs in self.ops.items():
+            rows: dict[str, list] = {}
+            for ops in graphs.values():
+                for typ, us, flops, nbytes in ops.values():
+                    rows.setdefault(typ, []).append((flops, nbytes, us))
+            fits = {}
+            everything = []
+            for typ, r in rows.items():
+                everything += r
+                if len(r) >= min_samples:
+                    a = np.array(r, np.float64)
+                    fits[typ] = fit_op_type(a[:, 0], a[:, 1], a[:, 2])
+            if everything:
+                a = np.array(everything, np.float64)
+                fits["*"] = fit_op_type(a[:, 0], a[:, 1], a[:, 2])
+            self.fits[kind] = fits
+
+    # --------------------------------------------------------------- use
+    def op_times(self, graph, cluster) -> np.ndarray:
+        """(ops x devices) µs: measured, else fitted; NaN where the profile knows nothing."""
+        T = np.full((graph.n_ops, cluster.n_devices), np.nan)
+        moved = (graph.in_bytes + graph.out_bytes).astype(np.int64)
+        for kind in set(cluster.kinds):
+            cols = [d for d, k in enumerate(cluster.kinds) if k == kind]
+            col = self.kind_times(graph, kind, moved)
+            T[:, cols] = col[:, None]
+        return T
+
+    def kind_times(self, graph, kind: str, moved=None) -> np.ndarray:
+        """Per-op µs on a device of ``kind`` (NaN where unknown), dispatch cost included."""
+        if moved is None:
+            moved = (graph.in_bytes + graph.out_bytes).astype(np.int64)
+        out = np.full(graph.n_ops, np.nan)
+        fits = self.fits.get(kind, {})
+        if fits:
+            by_type: dict[str, list[int]] = {}
+            for i, t in enumerate(graph.op_types):
+                by_type.setdefault(t, []).append(i)
+            for t, idx in by_type.items():
+                f = fits.get(t) or fits.get("*")
+                if f is not None:
+                    idx = np.asarray(idx)
+                    out[idx] = f.predict(graph.flops[idx], moved[idx])
+        measured = self.ops.get(kind, {}).get(graph.name, {})
+        for name, (typ, us, flops, nbytes) in measured.items():
+            i = graph.index.get(name)
+            if i is None or graph.op_types[i] != typ or int(moved[i]) != int(nbytes):
+                continue
+            if not np.isclose(graph.flops[i], flops, rtol=1e-9, atol=0.0):
+                continue
+            out[i] = us
+        return out + float(self.dispatch_us.get(kind, 0.0))
+
+    def coverage(self, graph, kind: str) -> dict:
+        """How many ops of ``graph`` get a measured / fitted / no time on ``kind``."""
+        moved = (graph.in_bytes + graph.out_bytes).astype(np.int64)
+        measured = self.ops.get(kind, {}).get(graph.name, {})
+        n_meas = sum(
+            1 for n, (typ, _, fl, nb) in measured.items()
+            if n in graph.index and graph.op_types[graph.index[n]] == typ
+            and int(moved[graph.index[n]]) == int(nb) and np.isclose(graph.flops[graph.index[n]], fl)
+        )
+        known = np.isfinite(self.kind_times(graph, kind, moved)).sum()
+        return {"measured": n_meas, "fitted": int(known) - n_meas, "roofline": graph.n_ops - int(known)}
+
+    def step_overhead(self, n_devices_used: int) -> float:
+        """Fixed per-step cost (µs) of a step touching ``n_devices_used`` devices."""
+        if not self.step_overhead_us or n_devices_used <= 0:
+            return 0.0
+        k = min(n_devices_used, len(self.step_overhead_us)) - 1
+        return float(self.step_overhead_us[k])
+
+    def cluster(self):
+        """The calibrated cluster stored in the profile (a :class:`costmodel.Cluster`)."""
+        from .cluster import Cluster
+
+        if not self.cluster_dict:
+            raise ProfileError("profile holds no cluster; pass --cluster")
+        return Cluster.from_dict(self.cluster_dict, source="profile cluster")
+
+    # --------------------------------------------------------------- files
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "host": self.host,
+            "tf_version": self.tf_version,
+            "date": self.date,
+            "devices": self.devices,
+            "step_overhead_us": [float(x) for x in self.step_overhead_us],
+            "dispatch_us": {k: float(v) for k, v in self.dispatch_us.items()},
+            "ops": self.ops,
+            "fits": {k: {t: f.to_dict() for t, f in v.items()} for k, v in self.fits.items()},
+            "links": self.links,
+            "cluster": self.cluster_dict,
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "profile") -> "Profile":
+        if not isinstance(d, dict):
+            raise ProfileError(f"{source}: expected a JSON object")
+        if d.get("format") != FORMAT:
+            raise ProfileError(f"{source}: format {d.get('format')!r} is not {FORMAT!r}")
+        if d.get("version") != VERSION:
+            raise ProfileError(f"{source}: unknown {FORMAT} version {d.get('version')!r} (this placetool reads {VERSION})")
+        devices = d.get("devices")
+        if not isinstance(devices, list):
+            raise ProfileError(f"{source}: field 'devices' must be a list")
+        ops = d.get("ops", {})
+        if not isinstance(ops, dict):
+            raise ProfileError(f"{source}: field 'ops' must be an object kind -> graph -> op")
+        for kind, graphs in ops.items():
+            for gname, by_op in graphs.items():
+                for op, row in by_op.items():
+                    if not (isinstance(row, list) and len(row) == 4 and isinstance(row[0], str)
+                            and all(isinstance(x, (int, float)) for x in row[1:]) and row[1] >= 0):
+                        raise ProfileError(
+                            f"{source}: ops.{kind}.{gname}: op {op!r} must be [type, median_us >= 0, flops, bytes]"
+                        )
+        fits = {}
+        for kind, by_type in d.get("fits", {}).items():
+            fits[kind] = {}
+            for typ, f in by_type.items():
+                try:
+                    fits[kind][typ] = OpFit(float(f["intercept_us"]), float(f["us_per_flop"]),
+                                            float(f["us_per_byte"]), int(f.get("n", 0)))
+                except (KeyError, TypeError, ValueError):
+                    raise ProfileError(f"{source}: fits.{kind}.{typ}: needs intercept_us, us_per_flop, us_per_byte") from None
+        so = d.get("step_overhead_us", [])
+        if not isinstance(so, list) or not all(isinstance(x, (int, float)) and x >= 0 for x in so):
+            raise ProfileError(f"{source}: step_overhead_us must be a list of numbers >= 0")
+        return cls(
+            devices=devices, ops=ops, fits=fits, links=list(d.get("links", [])),
+            step_overhead_us=[float(x) for x in so], cluster_dict=d.get("cluster"),
+            dispatch_us=_dispatch(d.get("dispatch_us", {}), source),
+            host=str(d.get("host", "")), tf_version=str(d.get("tf_version", "")),
+            date=str(d.get("date", "")), meta=dict(d.get("meta", {})),
+        )
+
+    def save(self, path) -> None:
+        atomic_write(Path(path), json.dumps(self.to_dict(), indent=1) + "\n")
+
+
+def _dispatch(d, source) -> dict:
+    if not isinstance(d, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in d.values()):
+        raise ProfileError(f"{source}: dispatch_us must map device kinds to numbers >= 0")
+    return {str(k): float(v) for k, v in d.items()}
+
+
+def load_profile(path) -> Profile:
+    """Read a profile JSON file; errors name the file and field."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: no such profile file") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProfileError(f"{path}: not valid JSON ({e})") from None
+    return Profile.from_dict(d, source=str(path))

@@ -1,0 +1,346 @@
+"""Calibrate the cost model on real devices: op profiles, transfer fits, step overhead.
+
+:func:`calibrate` measures, for a set of traced graphs and a :class:`ClusterSpec`:
+
+- per device kind, every graph run all on the first device of that kind, FULL_TRACE,
+  per-op medians over ``trace_steps`` steps; ops that never show up in the trace did not
+  run in the step and are recorded as 0 µs;
+- per ordered device pair, transfers of 1 KB..64 MB (a variable read on the source, an
+  ``Identity`` on the destination), minus the same step with no transfer, median of
+  ``reps``; fitted to ``latency + bytes / bandwidth``;
+- the per-op dispatch cost: (step - overhead - sum of traced op times) / ops, median over
+  graphs, added to every profiled op time;
+- the fixed cost of a step that touches 1..D devices (NoOps only): client -> master ->
+  worker RPCs that the simulator does not see; :func:`costmodel.calibration.Profile.step_overhead`
+  adds it to predictions;
+- per-op-type fits from all the medians.
+
+It returns the :class:`~costmodel.calibration.Profile` and the calibrated
+:class:`~costmodel.cluster.Cluster` (links from the fits, roofline fields from the
+all-ops fit, ``metadata.tf_devices`` naming each device's TF device).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+
+from costmodel.calibration import Profile, count_latency, fit_link
+from costmodel.cluster import Cluster
+from costmodel.graph import KIND_BITS
+
+from .runner import measure, session_config
+from .testbed import ClusterSpec
+
+DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))  # 1 KB .. 64 MB
+
+
+def device_names(spec: ClusterSpec) -> list[str]:
+    """placetool names for the spec's devices: ``cpu:0``, ``cpu:1``, ``gpu:0``... per kind."""
+    count: dict[str, int] = {}
+    out = []
+    for k in spec.kinds:
+        out.append(f"{k}:{count.get(k, 0)}")
+        count[k] = count.get(k, 0) + 1
+    return out
+
+
+def single_device_placement(graph, spec: ClusterSpec, d: int) -> np.ndarray:
+    """Every op on device ``d``; ops without a kernel for its kind (and their whole group)
+    go to the first device of a kind they allow."""
+    bits = np.array([KIND_BITS[k] for k in spec.kinds], np.uint8)
+    ga = np.full(graph.n_groups, d, np.int32)
+    for gid in np.flatnonzero((graph.group_allowed & bits[d]) == 0):
+        ok = np.flatnonzero(graph.group_allowed[gid] & bits)
+        if not ok.size:
+            raise ValueError(f"group {gid} of graph {graph.name!r} runs on none of the devices")
+        ga[gid] = ok[0]
+    return graph.to_placement(ga)
+
+
+def profile_ops(traced, spec: ClusterSpec, d: int, warmup: int = 2, trace_steps: int = 5,
+                timeout_s: float = 300.0) -> tuple[dict[str, float], float]:
+    """Per-op medians (µs) of ``traced`` run all on device ``d``, and its median step (µs)."""
+    g = traced.graph
+    p = single_device_placement(g, spec, d)
+    m = measure(traced, p, spec, warmup=warmup, steps=3, trace_steps=trace_steps, timeout_s=timeout_s)
+    on_d = {g.names[i] for i in np.flatnonzero(p == d)}
+    medians = {name: m.op_us.get(name, 0.0) for name in on_d}
+    return medians, m.step_us
+
+
+def _time(sess, ops, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        s = time.perf_counter()
+        sess.run(ops)
+        times.append((time.perf_counter() - s) * 1e6)
+    return float(statistics.median(times))
+
+
+def time_transfers(spec: ClusterSpec, a: int, b: int, sizes=DEFAULT_SIZES, reps: int = 9,
+                   counts=(2, 8, 32), timeout_s: float = 120.0) -> tuple[list, list]:
+    """Timed transfers from device ``a`` to ``b``: (bytes, µs) for one tensor of each size,
+    and (hops, µs) for a chain of ``hops`` dependent 1 KB transfers a -> b -> a -> ...
+
+    Each figure is the median step with the transfer(s) minus the median step that runs
+    the same ops on both devices without sending anything, interleaved so that drifting
+    load on the machine hits both alike.
+    """
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    spec.check_reachable(timeout_s=min(timeout_s, 10.0))
+    da, db = spec.tf_devices[a], spec.tf_devices[b]
+    g = tf.Graph()
+    by_size, by_count = [], []
+    with g.as_default():
+        with tf1.device(db):
+            noop_b = tf.no_op(name="noop_b")
+        for s in sizes:
+            n = max(int(s) // 4, 1)
+            with tf1.device(da):
+                v = tf1.get_variable(f"v{s}", shape=[n], dtype=tf.float32,
+                                     initializer=tf1.zeros_initializer(), use_resource=True)
+                r = v.read_value()
+                local = tf.identity(r, name=f"local{s}")
+            with tf1.device(db):
+                remote = tf.identity(r, name=f"remote{s}")
+            by_size.append((n * 4, [remote.op], [local.op, noop_b]))
+        with tf1.device(da):
+            small = tf1.get_variable("small", shape=[256], dtype=tf.float32,
+                                     initializer=tf1.zeros_initializer(), use_resource=True)
+        for k in counts:
+            # a chain of k hops a -> b -> a -> ...: each hop waits for the one before, as
+            # the transfers on a graph's critical path do
+            with tf1.device(da):
+                x = y = small.read_value()
+            for j in range(k):
+                with tf1.device(db if j % 2 == 0 else da):
+                    x = tf.identity(x, name=f"c{k}_hop{j}")
+                with tf1.device(da):
+                    y = tf.identity(y, name=f"c{k}_local{j}")
+            by_count.append((k, [x.op], [y.op, noop_b]))
+        init = tf1.global_variables_initializer()
+
+    def diff(sess, with_x, without, r):
+        sess.run(with_x)
+        sess.run(without)
+        t_x, t_0 = [], []
+        for _ in range(r):
+            t_x.append(_time(sess, with_x, 1))
+            t_0.append(_time(sess, without, 1))
+        return max(statistics.median(t_x) - statistics.median(t_0), 0.0)
+
+    with tf1.Session(spec.target, graph=g, config=session_config(timeout_s)) as sess:
+        sess.run(init)
+        sizes_out = [(nb, diff(sess, x, base, max(3, reps if nb < 2 ** 24 else reps // 2)))
+                     for nb, x, base in by_size]
+        counts_out = [(k, diff(sess, x, base, reps)) for k, x, base in by_count]
+    return sizes_out, counts_out
+
+
+def step_overheads(spec: ClusterSpec, reps: int = 15, timeout_s: float = 60.0) -> list[float]:
+    """Median µs of a step of NoOps on devices 0..k-1, for k = 1..D."""
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    g = tf.Graph()
+    with g.as_default():
+        noops = []
+        for k, d in enumerate(spec.tf_devices):
+            with tf1.device(d):
+                noops.append(tf.no_op(name=f"noop{k}"))
+    out = []
+    with tf1.Session(spec.target, graph=g, config=session_config(timeout_s)) as sess:
+        for k in range(1, len(noops) + 1):
+            sess.run(noops[:k])
+            out.append(_time(sess, noops[:k], reps))
+    return out
+
+
+def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: int = 5,
+              reps: int = 9, memory_bytes: dict | None = None, name: str = "calibrated",
+              log=print, timeout_s: float = 300.0, split_steps: int = 3,
+              seed: int = 12345) -> tuple[Profile, Cluster]:
+    """Measure everything and return (profile, cluster); see the module docstring.
+
+    ``split_steps`` > 0 (and more than one device): per graph, that many random split
+    placements are measured too, and the per-transfer latency is refitted (one value for
+    all links) to the steps they took — see :func:`fit_latency_to_steps`.
+    """
+    import tensorflow as tf
+
+    names = device_names(spec)
+    D = len(names)
+    profile = Profile(
+        devices=[{"name": n, "kind": k, "tf": t} for n, k, t in zip(names, spec.kinds, spec.tf_devices)],
+        host=platform.node(), tf_version=tf.__version__,
+        date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        meta={"graphs": {}, "cluster_spec": spec.cluster_def(), "trace_steps": trace_steps,
+              "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "")},
+    )
+    spec.check_reachable(timeout_s=min(timeout_s, 10.0))
+    log("step overhead (NoOps on 1..D devices) ...")
+    profile.step_overhead_us = step_overheads(spec)
+    log("  " + ", ".join(f"{k + 1} dev: {v:,.0f} µs" for k, v in enumerate(profile.step_overhead_us)))
+
+    first_of_kind = {}
+    for d, k in enumerate(spec.kinds):
+        first_of_kind.setdefault(k, d)
+    for t in traced_list:
+        g = t.graph
+        for kind, d in first_of_kind.items():
+            log(f"profiling {g.name} ({g.n_ops} ops) on {names[d]} ...")
+            medians, step = profile_ops(t, spec, d, trace_steps=trace_steps, timeout_s=timeout_s)
+            profile.add_op_medians(kind, g, medians)
+            unseen = sum(1 for v in medians.values() if v == 0.0)
+            profile.meta["graphs"].setdefault(g.name, {})[kind] = {
+                "step_us": step, "sum_op_us": float(sum(medians.values())), "ops": len(medians),
+                "unseen_ops": unseen,
+            }
+            log(f"  step {step:,.0f} µs, sum of op medians {sum(medians.values()):,.0f} µs, "
+                f"{len(medians)} ops ({unseen} not in the trace)")
+    profile.refit()
+    # What a step costs beyond its traced ops and the fixed step overhead, per op: the
+    # executor's scheduling between ops, which FULL_TRACE durations do not include.
+    for kind in first_of_kind:
+        gaps = [max(0.0, (v[kind]["step_us"] - profile.step_overhead(1) - v[kind]["sum_op_us"]) / v[kind]["ops"])
+                for v in profile.meta["graphs"].values() if kind in v and v[kind]["ops"]]
+        if gaps:
+            profile.dispatch_us[kind] = float(np.median(gaps))
+            log(f"per-op dispatch cost on {kind}: {profile.dispatch_us[kind]:,.1f} µs")
+
+    lat = np.zeros((D, D))
+    bw = np.full((D, D), np.inf)
+    for a in range(D):
+        for b in range(D):
+            if a == b:
+                continue
+            log(f"timing transfers {names[a]} -> {names[b]} ({len(sizes)} sizes) ...")
+            samples, counts = time_transfers(spec, a, b, sizes, reps=reps, timeout_s=timeout_s)
+            lat[a, b], bw[a, b] = fit_link([s for s, _ in samples], [t for _, t in samples])
+            if len(counts) >= 2:
+                # the cost of one more hop on a dependent chain of small transfers: what
+                # the simulator charges per transfer (the 1-tensor figures are noisier)
+                lat[a, b] = count_latency([k for k, _ in counts], [t for _, t in counts])
+            profile.links.append({"src": names[a], "dst": names[b], "latency_us": float(lat[a, b]),
+                                  "bandwidth_bytes_per_us": float(bw[a, b]),
+                                  "samples": [[int(s), float(t)] for s, t in samples],
+                                  "chain_samples": [[int(k), float(t)] for k, t in counts]})
+            log(f"  latency {lat[a, b]:,.1f} µs, bandwidth {bw[a, b]:,.0f} bytes/µs")
+
+    cluster = _cluster(name, names, spec, profile, lat, bw, memory_bytes or {})
+    if split_steps > 0 and D > 1:
+        samples = []
+        rng = np.random.default_rng(seed)
+        for t in traced_list:
+            g = t.graph
+            for _ in range(split_steps):
+                p = random_split(g, spec, rng)
+                m = measure(t, p, spec, warmup=1, steps=3, timeout_s=timeout_s)
+                samples.append((t.graph, p, m.step_us))
+        L, err = fit_latency_to_steps(samples, cluster, profile)
+        log(f"per-transfer latency fitted to {len(samples)} split steps: {L:,.1f} µs "
+            f"(median |error| {err:.1%}; measured hop latencies were "
+            f"{', '.join(f'{lat[a, b]:,.0f}' for a in range(D) for b in range(D) if a != b)} µs)")
+        for link in profile.links:
+            link["latency_measured_us"] = link["latency_us"]
+            link["latency_us"] = L
+            link["latency_source"] = f"fitted to {len(samples)} split-placement steps"
+        lat = np.where(np.eye(D, dtype=bool), 0.0, L)
+        cluster = _cluster(name, names, spec, profile, lat, bw, memory_bytes or {})
+        profile.meta["latency_fit"] = {"latency_us": L, "median_abs_log_error": err,
+                                       "steps": [float(x[2]) for x in samples]}
+    profile.cluster_dict = cluster.to_dict()
+    return profile, cluster
+
+
+def random_split(graph, spec: ClusterSpec, rng) -> np.ndarray:
+    """A random valid placement that splits some share (5..50%) of the groups."""
+    bits = np.array([KIND_BITS[k] for k in spec.kinds], np.uint8)
+    D = len(bits)
+    ok = (graph.group_allowed[:, None] & bits[None, :]) != 0
+    base = int(rng.integers(D))
+    a = np.where(rng.random(graph.n_groups) < rng.uniform(0.05, 0.5),
+                 rng.integers(0, D, graph.n_groups), base)
+    a = np.where(ok[np.arange(graph.n_groups), a], a, np.argmax(ok, axis=1))
+    return graph.to_placement(a)
+
+
+def fit_latency_to_steps(samples, cluster, profile, grid=None) -> tuple[float, float]:
+    """The one per-transfer latency (µs) that best predicts measured split steps.
+
+    ``samples``: (graph, per-op placement, measured µs). Prediction = simulated step with
+    every link's latency set to L (bandwidths kept) + the profile's step overhead; the
+    objective is the median |log(predicted / measured)|. Returns (L, that median).
+    On a busy machine single-transfer timings are too noisy to give the latency the
+    simulator needs (one that also stands in for gRPC's concurrency), while whole
+    steps are not.
+    """
+    from costmodel.simulate import CostModel
+
+    grid = np.unique(np.concatenate([[0.0], np.geomspace(5.0, 20000.0, 60)])) if grid is None else grid
+    D = cluster.n_devices
+    off = ~np.eye(D, dtype=bool)
+    T = {}
+    for g, _, _ in samples:
+        if id(g) not in T:
+            T[id(g)] = CostModel(g, cluster, profile=profile).T
+    best = (np.inf, 0.0)
+    for L in grid:
+        c = Cluster(cluster.name, cluster.devices, np.where(off, L, 0.0),
+                    cluster.bandwidth_bytes_per_us, dict(cluster.metadata))
+        errs = []
+        for g, p, meas in samples:
+            cm = CostModel(g, c, op_times=T[id(g)])
+            pred = cm.simulate(p).step_time_us + profile.step_overhead(len(np.unique(p)))
+            errs.append(abs(np.log(pred / meas)))
+        e = float(np.median(errs))
+        if e < best[0]:
+            best = (e, float(L))
+    return best[1], float(np.expm1(best[0]))
+
+
+def _cluster(name, names, spec, profile, lat, bw, memory_bytes) -> Cluster:
+    D = len(names)
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        ram = 16 * 2 ** 30
+    n_cpu = max(1, sum(1 for k in spec.kinds if k == "cpu"))
+    devices = []
+    for d, (n, k) in enumerate(zip(names, spec.kinds)):
+        f = profile.fits.get(k, {}).get("*")
+        dev = {"name": n, "kind": k, "cost_source": "profile",
+               "memory_bytes": int(memory_bytes.get(k, ram // n_cpu if k == "cpu" else 16 * 2 ** 30))}
+        if f is not None:
+            # the all-ops fit as a roofline: only used for ops the profile cannot cover
+            if f.us_per_flop > 0:
+                dev["peak_flops_per_us"] = 1.0 / f.us_per_flop
+            if f.us_per_byte > 0:
+                dev["memory_bandwidth_bytes_per_us"] = 1.0 / f.us_per_byte
+            dev["launch_overhead_us"] = max(f.intercept_us, 0.0)
+        devices.append(dev)
+    off = ~np.eye(D, dtype=bool)
+    pairs = [{"src": names[a], "dst": names[b], "latency_us": float(lat[a, b]),
+              "bandwidth_bytes_per_us": float(bw[a, b])}
+             for a in range(D) for b in range(D) if a != b]
+    d = {
+        "name": name,
+        "metadata": {
+            "source": f"measured by placetool calibrate on {profile.host} ({profile.date})",
+            "tf_devices": list(spec.tf_devices),
+            "step_overhead_us": list(profile.step_overhead_us),
+        },
+        "devices": devices,
+        "links": {"default": {"latency_us": float(np.median(lat[off])) if D > 1 else 0.0,
+                              "bandwidth_bytes_per_us": float(np.median(bw[off])) if D > 1 else 1e6}},
+    }
+    if pairs:
+        d["links"]["pairs"] = pairs
+    return Cluster.from_dict(d, source="calibration")
