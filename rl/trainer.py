@@ -1,0 +1,260 @@
+"""REINFORCE for placement policies, with the compiled simulator as the reward.
+
+Each step draws K placements per problem (``samples``), scores them in one
+``simulate_batch`` call (through the search Tracker when there is one, so evaluations are
+counted against the budget), and takes one Adam step (global-norm gradient clipping) on
+
+    loss = -mean_k(A_k * log pi(a_k)) - entropy * H(pi)
+
+with reward ``r = -sqrt(step_time / lower_bound)`` (so 1.0 is a perfect placement, and
+the scale is the same on every graph), advantage ``A = (r - b) / s`` where ``b`` is an
+exponential moving average of the batch mean reward and ``s`` one of its standard
+deviation. Invalid or out-of-memory placements get reward ``-penalty``; with
+``penalty=None`` the penalty adapts to twice the worst feasible reward seen, so an
+infeasible placement always scores below every feasible one.
+
+The greedy (mode) placement is scored at the first step and every ``greedy_every`` steps
+too, so a pretrained policy's zero-shot placement is the first evaluation.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from costmodel.errors import UserError
+from search.base import BudgetExhausted
+
+from .tfutil import tf as _tf
+
+
+@dataclass
+class TrainConfig:
+    """Knobs of the REINFORCE trainer (all have working defaults)."""
+
+    samples: int = 64           # K placements per step and problem
+    lr: float = 1e-4            # Adam learning rate of the network weights
+    residual_lr: float = 0.05   # Adam learning rate of the per-problem residual logits
+    clip_norm: float = 1.0      # global-norm gradient clipping
+    entropy: float = 0.01       # entropy bonus weight
+    baseline_decay: float = 0.9  # EMA decay of the reward baseline
+    penalty: float | None = None  # reward of an infeasible placement is -penalty (None: adaptive)
+    greedy_every: int = 10      # also score the greedy placement every N steps
+    checkpoint_every: int = 50  # steps between checkpoints (with a logdir)
+
+    @classmethod
+    def from_options(cls, options: dict) -> "TrainConfig":
+        names = {f.name for f in fields(cls)}
+        bad = sorted(set(options) - names)
+        if bad:
+            raise UserError(f"rl: unknown option(s) {', '.join(bad)} (known: {', '.join(sorted(names))})")
+        cfg = cls(**options)
+        if cfg.samples < 1:
+            raise UserError(f"rl: samples must be >= 1, got {cfg.samples}")
+        return cfg
+
+
+class _Task:
+    """One problem the policy trains on: its features, reward scale and baseline."""
+
+    def __init__(self, policy, problem, tracker=None, residual=None, lr=0.05, clip=1.0):
+        self.problem = problem
+        self.tracker = tracker
+        self.atoms = policy.atoms_for(problem)
+        self.obs = policy.obs(self.atoms, residual)
+        self.residual_vars = [v for k, v in sorted(self.obs.items())
+                              if k.startswith("bias") and isinstance(v, _tf().Variable)]
+        if self.residual_vars:
+            import keras
+
+            size = sum(int(np.prod(v.shape)) for v in self.residual_vars)
+            self.opt = keras.optimizers.Adam(lr, global_clipnorm=float(clip * np.sqrt(size)))
+        self.scale = max(problem.lower_bound_us(), 1e-9)
+        self.baseline: float | None = None
+        self.spread: float | None = None
+        self.worst = 1.0
+        self.best = np.inf
+        self.best_assignment = None
+
+    def score(self, A):
+        """(step times, feasible) of a batch; through the tracker when there is one."""
+        if self.tracker is not None:
+            r = self.tracker.evaluate(A)
+            n = len(r.assignments)
+            step, feas = r.step_time_us, r.feasible
+        else:
+            r = self.problem.cost_model.simulate_batch(A)
+            n, step, feas = len(A), r.step_time_us, r.feasible
+        ok = feas & np.isfinite(step)
+        if ok.any():
+            i = int(np.argmin(np.where(ok, step, np.inf)))
+            if step[i] < self.best:
+                self.best, self.best_assignment = float(step[i]), A[i].copy()
+        return n, step, ok
+
+
+class Trainer:
+    """REINFORCE on one or more problems (several: the GDP multi-graph pre-training)."""
+
+    def __init__(self, policy, problems, config: TrainConfig | None = None, seed: int = 0,
+                 trackers=None, logdir=None, progress=None, residuals=None):
+        self.tf = _tf()
+        self.policy = policy
+        self.cfg = config or TrainConfig()
+        self.seed = int(seed) & 0x7FFFFFFF
+        trackers = trackers or [None] * len(problems)
+        residuals = residuals or [None] * len(problems)
+        self.tasks = [_Task(policy, p, t, r, self.cfg.residual_lr, self.cfg.clip_norm)
+                      for p, t, r in zip(problems, trackers, residuals)]
+        import keras
+
+        self.opt = keras.optimizers.Adam(self.cfg.lr, global_clipnorm=self.cfg.clip_norm)
+        self.step_no = 0
+        self.logdir = Path(logdir) if logdir else None
+        self.writer = self.tf.summary.create_file_writer(str(self.logdir)) if self.logdir else None
+        self.progress = progress
+        self.samples_seen = 0
+        self.t0 = time.perf_counter()
+        self._grad = self.tf.function(self._grad_impl, reduce_retracing=True)
+
+    # ------------------------------------------------------------------ pieces
+    def _grad_impl(self, obs, actions, adv, extra_vars):
+        tf = self.tf
+        with tf.GradientTape() as tape:
+            logp, ent = self.policy._logp(obs, *actions)
+            loss = -tf.reduce_mean(adv * logp) - self.cfg.entropy * tf.reduce_mean(ent)
+        grads = tape.gradient(loss, self.policy.variables + extra_vars)
+        return loss, tf.reduce_mean(ent), grads
+
+    def gradients(self, task: _Task, actions, adv):
+        """Policy-gradient of the network weights for sampled ``actions`` with advantages
+        ``adv``; the task's residual table (if any) takes its own Adam step here."""
+        tf = self.tf
+        loss, ent, grads = self._grad(task.obs, tuple(tf.constant(a) for a in actions),
+                                      tf.constant(np.asarray(adv, np.float32)), task.residual_vars)
+        nv = len(self.policy.variables)
+        if task.residual_vars:
+            task.opt.apply_gradients(zip(grads[nv:], task.residual_vars))
+        grads = [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
+                 for g, v in zip(grads[:nv], self.policy.variables)]
+        return loss, ent, grads
+
+    def update(self, task: _Task, actions, adv) -> None:
+        """One optimiser step on one task's samples (what :meth:`step` does per problem)."""
+        _, _, grads = self.gradients(task, actions, adv)
+        self.opt.apply_gradients(zip(grads, self.policy.variables))
+
+    def rewards(self, task: _Task, step, ok) -> np.ndarray:
+        r = -np.sqrt(np.where(ok, step, task.scale) / task.scale)
+        if ok.any():
+            task.worst = max(task.worst, float(-r[ok].min()))
+        pen = self.cfg.penalty if self.cfg.penalty is not None else 2.0 * task.worst
+        return np.where(ok, r, -pen)
+
+    def advantages(self, task: _Task, r: np.ndarray) -> np.ndarray:
+        d = self.cfg.baseline_decay
+        m, s = float(r.mean()), float(r.std())
+        if task.baseline is None:
+            task.baseline, task.spread = m, max(s, 1e-3)
+        adv = (r - task.baseline) / max(task.spread, 1e-3)
+        task.baseline = d * task.baseline + (1 - d) * m
+        task.spread = d * task.spread + (1 - d) * max(s, 1e-3)
+        return adv.astype(np.float32)
+
+    # ------------------------------------------------------------------ steps
+    def step(self) -> dict:
+        """One REINFORCE step over every problem; returns scalars for logging."""
+        tf = self.tf
+        K = self.cfg.samples
+        grads_sum, stats = None, []
+        for ti, task in enumerate(self.tasks):
+            seed = [self.seed, self.step_no * 1009 + ti]
+            actions = self.policy.sample(task.obs, K, seed)
+            A = self.policy.assignment(task.atoms, actions)
+            with_greedy = self.step_no % max(self.cfg.greedy_every, 1) == 0
+            if with_greedy:
+                A = np.concatenate([self.policy.assignment(task.atoms, self.policy.greedy(task.obs)), A])
+            n, step, ok = task.score(A)
+            self.samples_seen += n
+            if with_greedy:
+                greedy_step = float(step[0]) if ok[0] else np.inf
+                n, step, ok = n - 1, step[1:], ok[1:]
+            if n <= 0:
+                continue
+            acts = tuple(a[:n] for a in actions)
+            adv = self.advantages(task, self.rewards(task, step[:n], ok[:n]))
+            loss, ent, grads = self.gradients(task, acts, adv)
+            grads_sum = grads if grads_sum is None else [a + b for a, b in zip(grads_sum, grads)]
+            feas = step[:n][ok[:n]]
+            stats.append({"mean_step_us": float(feas.mean()) if feas.size else np.inf,
+                          "best_step_us": task.best, "entropy": float(ent), "baseline": float(task.baseline),
+                          "feasible": float(ok[:n].mean()), "loss": float(loss),
+                          **({"greedy_step_us": greedy_step} if with_greedy else {})})
+        if grads_sum is not None:
+            self.opt.apply_gradients(zip(grads_sum, self.policy.variables))
+        self.step_no += 1
+        out = {k: float(np.mean([s[k] for s in stats])) for k in (stats[0] if stats else {}) if all(k in s for s in stats)}
+        self._log(out)
+        return out
+
+    def _log(self, scalars: dict) -> None:
+        if self.writer is not None and scalars:
+            with self.writer.as_default(step=self.step_no):
+                for k, v in scalars.items():
+                    if np.isfinite(v):
+                        self._scalar(k, v)
+        if self.logdir and self.step_no % max(self.cfg.checkpoint_every, 1) == 0:
+            self.checkpoint()
+
+    def _scalar(self, name: str, value: float) -> None:
+        """A TensorBoard scalar written with TF's own summary op (the ``tensorboard``
+        package, which ``tf.summary.scalar`` needs, is not a dependency)."""
+        from tensorflow.core.framework import summary_pb2
+
+        meta = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+        self.tf.summary.write(name, self.tf.constant(value, self.tf.float32), step=self.step_no, metadata=meta)
+
+    def checkpoint(self, folder=None) -> None:
+        """Save the policy (and the first problem's residual table) to ``folder`` or the logdir."""
+        folder = folder or (self.logdir / "policy" if self.logdir else None)
+        if folder is None:
+            return
+        from .policies import fingerprint
+
+        t = self.tasks[0]
+        res = ([v.numpy() for v in t.residual_vars], fingerprint(t.problem, t.atoms)) if t.residual_vars else None
+        self.policy.save(folder, extra=self.summary(), residual=res)
+
+    def summary(self) -> dict:
+        return {"steps": self.step_no, "samples": self.samples_seen,
+                "seconds": round(time.perf_counter() - self.t0, 3),
+                "graphs": [t.problem.graph.name for t in self.tasks],
+                "clusters": sorted({t.problem.cluster.name for t in self.tasks}),
+                "best_step_us": {t.problem.graph.name: t.best for t in self.tasks},
+                "train_config": asdict(self.cfg)}
+
+    def train(self, steps: int | None = None, seconds: float | None = None, done=None) -> dict:
+        """Step until ``steps`` or ``seconds`` or ``done()`` or the tracker's budget ends."""
+        t0 = time.perf_counter()
+        try:
+            while True:
+                if steps is not None and self.step_no >= steps:
+                    break
+                if seconds is not None and time.perf_counter() - t0 >= seconds:
+                    break
+                if done is not None and done():
+                    break
+                out = self.step()
+                if self.progress is not None:
+                    self.progress(self.step_no, out)
+        except BudgetExhausted:
+            pass
+        finally:
+            if self.writer is not None:
+                self.writer.flush()
+            if self.logdir:
+                self.checkpoint()
+        return self.summary()

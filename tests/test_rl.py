@@ -1,0 +1,257 @@
+"""RL placers: policies learn a brute-forced optimum, REINFORCE moves the right way,
+save/load round trips, user mistakes are clear errors, and TF stays out of light imports."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from costmodel import CostModel, presets
+from costmodel.errors import UserError
+from costmodel.graph import OpGraph
+from search import Budget, Problem, run
+
+tf = pytest.importorskip("tensorflow")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _few_threads():
+    from rl.tfutil import tf as configure
+
+    configure(1)
+
+
+def tiny_problem(cluster="k80x4"):
+    """A host input feeding three independent heavy chains that join on the host.
+
+    The best placement puts each chain on its own GPU (brute force over all 5^6
+    assignments confirms it): any two chains sharing a device serialise.
+    """
+    names = ["in", "a1", "a2", "b1", "b2", "c1", "c2", "out"]
+    types = ["IteratorGetNext", "MatMul", "MatMul", "Conv2D", "Conv2D", "MatMul", "Relu", "Add"]
+    src = [0, 1, 0, 3, 0, 5, 2, 4, 6]
+    dst = [1, 2, 3, 4, 5, 6, 7, 7, 7]
+    out = [4096] + [1 << 24, 4096] * 3 + [4096]  # splitting a chain moves 16 MB
+    flops = [0] + [4e9] * 6 + [1e6]
+    allowed = [1] + [3] * 6 + [1]
+    g = OpGraph.from_arrays("tiny", names, types, out, src, dst, flops=flops, allowed=allowed)
+    return Problem(CostModel(g, presets.load_cluster(cluster)))
+
+
+def brute_force(p):
+    A = np.array(list(itertools.product(*[np.flatnonzero(p.allowed[k]) for k in range(p.n_groups)])), np.int32)
+    r = p.cost_model.simulate_batch(A)
+    return float(np.where(r.feasible, r.step_time_us, np.inf).min())
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    p = tiny_problem()
+    return p, brute_force(p)
+
+
+def _greedy_step(trainer):
+    t = trainer.tasks[0]
+    a = trainer.policy.assignment(t.atoms, trainer.policy.greedy(t.obs))[0]
+    return t.problem.cost_model.simulate(a).step_time_us
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["seq2seq", "hierarchical", "gdp"])
+def test_policy_reaches_brute_force_optimum(tiny, kind):
+    from rl import policies
+    from rl.trainer import TrainConfig, Trainer
+
+    p, best = tiny
+    assert best < 0.8 * p.cost_model.simulate(p.cost_model.single_device(1)).step_time_us  # parallel pays
+    knobs = {"n_groups": 6} if kind == "hierarchical" else {}
+    pol = policies.make(kind, p.n_devices, seed=0, hidden=32, **knobs)
+    tr = Trainer(pol, [p], TrainConfig(samples=32), seed=0)
+    for _ in range(200):
+        tr.step()
+        if tr.step_no % 5 == 0 and _greedy_step(tr) <= best * (1 + 1e-9):
+            break
+    assert tr.tasks[0].best == pytest.approx(best, rel=1e-9)
+    assert _greedy_step(tr) == pytest.approx(best, rel=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_search_method_rl_reaches_optimum_and_counts_evaluations(tiny):
+    p, best = tiny
+    r = run("rl", p, Budget(evals=64 * 25), seed=3, warm_start=False)  # learn from scratch
+    assert r.evaluations == 64 * 25
+    assert r.step_time_us == pytest.approx(best, rel=1e-9)
+    assert r.metadata["policy"] == "gdp" and r.metadata["coarsened"] is False
+    again = run("rl", p, Budget(evals=64 * 3), seed=3)  # same seed, same search
+    once_more = run("rl", p, Budget(evals=64 * 3), seed=3)
+    assert [(e, b) for e, _, b in again.history] == [(e, b) for e, _, b in once_more.history]
+    np.testing.assert_array_equal(again.assignment, once_more.assignment)
+
+
+@pytest.mark.timeout(60)
+def test_warm_start_begins_at_the_best_cheap_placement():
+    from search.annealing import DEFAULT_SEEDS
+
+    p = Problem(CostModel(presets.load_graph("synthetic-300"), presets.load_cluster("k80x4")))
+    r = run("rl", p, Budget(evals=400), seed=0)
+    name = r.metadata["warm_start"]
+    assert name in DEFAULT_SEEDS  # gdp (the default) starts its residual logits there
+    assert r.step_time_us <= run(name, p, Budget(evals=400), seed=0).step_time_us
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["seq2seq", "gdp"])
+def test_gradient_step_raises_logp_of_better_sample(tiny, kind):
+    from rl import policies
+    from rl.trainer import TrainConfig, Trainer
+
+    p, _ = tiny
+    pol = policies.make(kind, p.n_devices, seed=1, hidden=32, residual=False)
+    tr = Trainer(pol, [p], TrainConfig(samples=8, lr=1e-4), seed=1)  # a small step: first order holds
+    task = tr.tasks[0]
+    acts = pol.sample(task.obs, 8, [1, 2])
+    before = pol.logp_entropy(task.obs, acts)[0].numpy()
+    adv = np.full(8, -1.0 / 7, np.float32)
+    adv[0] = 1.0  # sample 0 beat the baseline, the others fell short
+    tr.update(task, acts, adv)
+    after = pol.logp_entropy(task.obs, acts)[0].numpy()
+    assert after[0] > before[0]
+    assert (after - before)[0] > np.mean((after - before)[1:])
+
+
+@pytest.mark.timeout(60)
+def test_save_load_same_greedy_placement(tiny, tmp_path):
+    from rl import policies
+    from rl.trainer import TrainConfig, Trainer
+
+    p, _ = tiny
+    for kind in ("seq2seq", "gdp"):
+        pol = policies.make(kind, p.n_devices, seed=2, hidden=32)
+        tr = Trainer(pol, [p], TrainConfig(samples=16), seed=2)
+        for _ in range(5):
+            tr.step()
+        before = _greedy_step(tr)
+        a0 = pol.assignment(tr.tasks[0].atoms, pol.greedy(tr.tasks[0].obs))[0]
+        tr.checkpoint(tmp_path / kind)
+        pol2, meta = policies.load(tmp_path / kind, n_devices=p.n_devices)
+        atoms = pol2.atoms_for(p)
+        res = policies.saved_residual(meta, p, atoms)
+        assert res is not None
+        a1 = pol2.assignment(atoms, pol2.greedy(pol2.obs(atoms, res)))[0]
+        np.testing.assert_array_equal(a0, a1)
+        assert p.cost_model.simulate(a1).step_time_us == before
+        assert [w.tolist() for w in pol.get_weights()] == [w.tolist() for w in pol2.get_weights()]
+
+
+@pytest.mark.timeout(60)
+def test_user_errors(tiny, tmp_path):
+    from rl import policies
+
+    p, _ = tiny
+    with pytest.raises(UserError, match="unknown policy 'nope'"):
+        run("rl", p, Budget(evals=8), seed=0, policy="nope")
+    with pytest.raises(UserError, match="unknown option"):
+        run("rl", p, Budget(evals=8), seed=0, bogus=1)
+    pol = policies.make("gdp", p.n_devices, hidden=16)
+    pol.save(tmp_path / "pol")
+    p3 = tiny_problem("k80x2")  # 3 devices, not 5
+    with pytest.raises(UserError, match="trained for 5 devices; this cluster has 3"):
+        run("rl", p3, Budget(evals=8), seed=0, init_from=str(tmp_path / "pol"))
+    with pytest.raises(UserError, match="holds a 'gdp' policy, not 'seq2seq'"):
+        run("rl", p, Budget(evals=8), seed=0, init_from=str(tmp_path / "pol"), policy="seq2seq")
+    with pytest.raises(UserError, match="no saved policy"):
+        run("rl", p, Budget(evals=8), seed=0, init_from=str(tmp_path / "missing"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_pretrain_cli_then_zero_shot(tmp_path):
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    out = tmp_path / "policy"
+    res = CliRunner().invoke(cli, ["rl", "pretrain", "--graphs", "synthetic-120,synthetic-160", "--clusters", "k80x2",
+                                   "--out", str(out), "--steps", "6", "--samples", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.output)
+    assert info["steps"] == 6 and sorted(info["graphs"]) == ["synthetic-120", "synthetic-160"]
+    p = Problem(CostModel(presets.load_graph("synthetic-160"), presets.load_cluster("k80x2")))
+    r = run("rl", p, Budget(evals=1), seed=0, init_from=str(out))  # zero-shot: the greedy placement
+    assert r.evaluations == 1
+    assert r.step_time_us == pytest.approx(info["greedy_step_us"]["synthetic-160@k80x2"], rel=1e-12)
+    bad = CliRunner().invoke(cli, ["rl", "pretrain", "--graphs", "synthetic-120", "--clusters", "k80x2,k80x4",
+                                   "--out", str(tmp_path / "x"), "--steps", "1"])
+    assert isinstance(bad.exception, UserError) and "different device counts" in str(bad.exception)
+
+
+def test_gym_env_episode_reward_is_the_simulated_step():
+    from gymnasium.utils.env_checker import check_env
+
+    from rl.env import PlacementEnv
+
+    p = tiny_problem("k80x2")
+    env = PlacementEnv(p)
+    check_env(env, skip_render_check=True)
+    obs, info = env.reset(seed=0)
+    total, done, steps = 0.0, False, 0
+    while not done:
+        a = int(np.flatnonzero(info["action_mask"])[-1])
+        obs, r, done, _, info = env.step(a)
+        total += r
+        steps += 1
+    assert steps == p.n_groups
+    expect = np.where(p.allowed[:, -1], p.n_devices - 1, 0)
+    st = p.cost_model.simulate(expect).step_time_us
+    assert info["step_time_us"] == st
+    assert total == pytest.approx(-np.sqrt(st / p.lower_bound_us()))
+    env.reset()
+    _, r, done, _, info = env.step(1)  # the first group is the host input: a GPU is not allowed
+    assert done and info["invalid"] and r == -env.penalty
+
+
+def test_light_imports_do_not_load_tensorflow():
+    code = ("import sys, rl, rl.features, rl.method, search, costmodel; "
+            "assert 'tensorflow' not in sys.modules, 'TF imported'; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_coarsen_keeps_allowed_devices_and_covers_every_group():
+    from rl.features import coarsen, group_features
+
+    p = Problem(CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x4")))
+    a = group_features(p)
+    c = coarsen(a, 64)
+    assert c.n <= 64 + len(np.unique(a.allowed, axis=0))
+    assert sorted(np.unique(c.members)) == list(range(c.n))
+    # a super-group may use exactly the devices each of its groups may use
+    np.testing.assert_array_equal(c.allowed[c.members], p.allowed)
+    # every coarse assignment is a valid problem assignment
+    rng = np.random.default_rng(0)
+    ca = np.argmax(rng.random(c.allowed.shape) * c.allowed, axis=1)
+    assert p.is_valid(c.expand(ca))
+
+
+@pytest.mark.timeout(60)
+def test_logdir_gets_tensorboard_scalars_and_a_checkpoint(tiny, tmp_path):
+    from rl import policies
+
+    p, _ = tiny
+    r = run("rl", p, Budget(evals=65 + 64 * 2), seed=0, logdir=str(tmp_path / "log"), warm_start=False)  # greedy + 64, then 64, 64
+    assert r.metadata["steps"] == 3
+    assert list((tmp_path / "log").glob("events.out.tfevents.*"))
+    pol, meta = policies.load(tmp_path / "log" / "policy", n_devices=p.n_devices)
+    assert meta["steps"] == 3 and meta["samples"] == 65 + 64 * 2
+    # resuming from the checkpoint starts from its residual table: the same greedy placement
+    atoms = pol.atoms_for(p)
+    a = pol.assignment(atoms, pol.greedy(pol.obs(atoms, policies.saved_residual(meta, p, atoms))))[0]
+    again = run("rl", p, Budget(evals=1), seed=0, init_from=str(tmp_path / "log" / "policy"))
+    assert again.step_time_us == p.cost_model.simulate(a).step_time_us
