@@ -1,0 +1,160 @@
+"""The sweep results store: one SQLite table ``runs``, one row per grid point.
+
+A grid point is (graph, cluster, method, seed, budget, options); the table has a unique
+key on it, so re-running a sweep replaces a row instead of adding one, and a sweep can
+skip the points already ``ok`` (resume). Only the sweep driver writes (workers return
+their records to it), so there is a single writer and no locking between workers.
+
+>>> import tempfile, os
+>>> s = ResultStore(os.path.join(tempfile.mkdtemp(), "r.db"))
+>>> s.put({"graph": "g", "cluster": "c", "method": "single", "seed": 0, "budget": "evals=1",
+...        "options": "{}", "status": "ok", "step_time_us": 5.0})
+>>> s.put({"graph": "g", "cluster": "c", "method": "single", "seed": 0, "budget": "evals=1",
+...        "options": "{}", "status": "ok", "step_time_us": 4.0})
+>>> [r["step_time_us"] for r in s.rows()]
+[4.0]
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from costmodel.errors import UserError
+
+SCHEMA_VERSION = 1
+KEY = ("graph", "cluster", "method", "seed", "budget", "options")
+
+# (column, SQL type); the order is the table's column order.
+COLUMNS = (
+    ("graph", "TEXT NOT NULL"),
+    ("cluster", "TEXT NOT NULL"),
+    ("method", "TEXT NOT NULL"),
+    ("seed", "INTEGER NOT NULL"),
+    ("budget", "TEXT NOT NULL"),          # canonical, e.g. "evals=100,seconds=5"
+    ("options", "TEXT NOT NULL"),         # canonical JSON of the method options
+    ("graph_source", "TEXT"),             # what loads it: a bundled/synthetic name or a file path
+    ("cluster_source", "TEXT"),
+    ("budget_evals", "INTEGER"),
+    ("budget_seconds", "REAL"),
+    ("status", "TEXT NOT NULL CHECK (status IN ('ok', 'failed'))"),
+    ("step_time_us", "REAL"),
+    ("feasible", "INTEGER"),
+    ("lower_bound_us", "REAL"),
+    ("evaluations", "INTEGER"),
+    ("seconds", "REAL"),                  # the search's own time
+    ("wall_seconds", "REAL"),             # the whole run: loading, search, writing the placement
+    ("n_ops", "INTEGER"),
+    ("n_groups", "INTEGER"),
+    ("n_devices", "INTEGER"),
+    ("error", "TEXT"),                    # "Type: message" of a failed run
+    ("traceback", "TEXT"),
+    ("attempts", "INTEGER"),              # > 1 when a worker died under the run
+    ("numba_threads", "INTEGER"),         # numba threads the run was pinned to
+    ("host", "TEXT"),
+    ("versions", "TEXT"),                 # JSON {placetool, python, numpy, numba}
+    ("timestamp", "TEXT"),                # ISO 8601 UTC, when the run finished
+    ("placement_path", "TEXT"),
+    ("history", "TEXT"),                  # JSON [[evaluations, seconds, best_step_us], ...]
+    ("metadata", "TEXT"),                 # JSON, what the method returned
+)
+NAMES = tuple(c for c, _ in COLUMNS)
+JSON_COLUMNS = ("options", "versions", "history", "metadata")
+
+
+class StoreError(UserError):
+    """A results file that is not a placetool results store (or a newer one)."""
+
+
+class ResultStore:
+    """The ``runs`` table of one SQLite file; creates it on first use."""
+
+    def __init__(self, path, create: bool = True):
+        self.path = Path(path)
+        if not create and not self.path.is_file():
+            raise StoreError(f"{self.path}: no such results file")
+        if create and not self.path.resolve().parent.is_dir():
+            raise StoreError(f"cannot write {self.path}: folder {self.path.resolve().parent} does not exist")
+        try:
+            # rollback journal (not WAL): results files often live on network file systems
+            self.db = sqlite3.connect(str(self.path), timeout=60)
+            self.db.row_factory = sqlite3.Row
+            self._check_or_create(create)
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"{self.path}: not a results database ({e})") from None
+
+    def _check_or_create(self, create: bool) -> None:
+        tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "runs" not in tables:
+            if not create:
+                raise StoreError(f"{self.path}: has no 'runs' table (not written by placetool sweep)")
+            cols = ",\n  ".join(f"{c} {t}" for c, t in COLUMNS)
+            with self.db:
+                self.db.execute(f"CREATE TABLE runs (\n  id INTEGER PRIMARY KEY,\n  {cols},\n"
+                                f"  UNIQUE ({', '.join(KEY)})\n)")
+                self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            return
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version != SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: results schema version {version}, this placetool reads {SCHEMA_VERSION}")
+        have = {r[1] for r in self.db.execute("PRAGMA table_info(runs)")}
+        missing = [c for c in NAMES if c not in have]
+        for c in KEY + ("status",):
+            if c in missing:
+                raise StoreError(f"{self.path}: table 'runs' lacks column {c!r}")
+        if missing and create:  # a store from an earlier placetool: add the newer (nullable) columns
+            with self.db:
+                for c in missing:
+                    self.db.execute(f"ALTER TABLE runs ADD COLUMN {c} {dict(COLUMNS)[c]}")
+
+    # ------------------------------------------------------------------ writing
+    def put(self, record: dict) -> None:
+        """Insert a run, replacing the row with the same grid point; committed at once."""
+        row = {c: record.get(c) for c in NAMES}
+        for c in JSON_COLUMNS:
+            if row[c] is not None and not isinstance(row[c], str):
+                row[c] = json.dumps(row[c], sort_keys=True)
+        for c in KEY:
+            if row[c] is None:
+                raise ValueError(f"a run record needs {c!r}")
+        marks = ", ".join("?" for _ in NAMES)
+        with self.db:
+            self.db.execute(
+                f"INSERT INTO runs ({', '.join(NAMES)}) VALUES ({marks}) "
+                f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET "
+                + ", ".join(f"{c} = excluded.{c}" for c in NAMES if c not in KEY),
+                [row[c] for c in NAMES],
+            )
+
+    # ------------------------------------------------------------------ reading
+    def statuses(self) -> dict[tuple, str]:
+        """Grid point key -> status, for every row."""
+        q = f"SELECT {', '.join(KEY)}, status FROM runs"
+        return {tuple(r[:-1]): r[-1] for r in self.db.execute(q)}
+
+    def rows(self, status: str | None = None) -> list[dict]:
+        """All rows (or those with one status) as dicts, JSON columns decoded."""
+        q = "SELECT * FROM runs" + (" WHERE status = ?" if status else "") + " ORDER BY " + ", ".join(KEY)
+        out = []
+        for r in self.db.execute(q, (status,) if status else ()):
+            d = {c: None for c in NAMES} | dict(r)
+            for c in JSON_COLUMNS:
+                if d.get(c) is not None:
+                    d[c] = json.loads(d[c])
+            out.append(d)
+        return out
+
+    def count(self, status: str | None = None) -> int:
+        q = "SELECT COUNT(*) FROM runs" + (" WHERE status = ?" if status else "")
+        return self.db.execute(q, (status,) if status else ()).fetchone()[0]
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+        return False

@@ -1,0 +1,633 @@
+"""Sweeps: every (graph, cluster, method, seed) of a TOML sweep file, run on a process pool
+or a Dask cluster, each result a row of the SQLite store (:mod:`search.store`).
+
+A sweep file::
+
+    [sweep]
+    graphs = ["synthetic-1k", "nmt"]      # bundled names, synthetic-N, or graph files
+    clusters = ["k80x4"]                  # presets or cluster TOML files
+    methods = ["single", "random", "sa"]
+    seeds = [0, 1]
+    budget_seconds = 5                    # and/or budget_evals = 1000
+    timeout_seconds = 60                  # optional: a run taking longer fails (process pool)
+
+    [options.random]                      # optional keyword options of one method
+    batch = 32
+
+Relative paths are taken from the sweep file's folder. Everything is checked (names,
+types, option names against the method's signature) before any run starts.
+
+Runs never raise into the driver: :func:`run_one` turns an exception into a ``failed``
+record with its message and traceback. A worker process that dies (segfault, OOM kill)
+has its run retried; see :func:`run_pool` and :func:`run_dask`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import tomllib
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from costmodel.errors import UserError, atomic_write
+
+SWEEP_KEYS = {"name", "graphs", "clusters", "methods", "seeds", "budget_seconds", "budget_evals",
+              "timeout_seconds"}
+TOP_KEYS = {"sweep", "options"}
+HISTORY_POINTS = 2000  # longest best-so-far history kept per run
+
+
+class SweepError(UserError):
+    """A sweep file that cannot run as written; the message names the file and field."""
+
+
+# --------------------------------------------------------------------- the file
+@dataclass(frozen=True)
+class Run:
+    """One grid point, with what a worker needs to run it (all plain, picklable data)."""
+
+    graph: str                 # as written in the sweep file (the name reported)
+    graph_source: str          # a bundled/synthetic name or an absolute path
+    cluster: str
+    cluster_source: str
+    method: str
+    seed: int
+    budget_evals: int | None
+    budget_seconds: float | None
+    options: tuple = ()        # sorted (name, value) pairs
+    placements_dir: str | None = None
+    timeout_seconds: float | None = None
+
+    @property
+    def budget(self) -> str:
+        return budget_label(self.budget_evals, self.budget_seconds)
+
+    @property
+    def options_json(self) -> str:
+        return json.dumps(dict(self.options), sort_keys=True)
+
+    @property
+    def key(self) -> tuple:
+        """The store's unique key (see :data:`search.store.KEY`)."""
+        return (self.graph, self.cluster, self.method, self.seed, self.budget, self.options_json)
+
+    def __hash__(self) -> int:  # option values may be lists or tables (unhashable)
+        return hash(self.key)
+
+    def label(self) -> str:
+        return f"{self.method} on {self.graph}/{self.cluster} seed {self.seed}"
+
+
+def budget_label(evals, seconds) -> str:
+    parts = []
+    if evals is not None:
+        parts.append(f"evals={int(evals)}")
+    if seconds is not None:
+        parts.append(f"seconds={float(seconds):g}")
+    return ",".join(parts)
+
+
+@dataclass
+class Sweep:
+    """A parsed, checked sweep file; :meth:`runs` is its grid."""
+
+    path: Path
+    name: str
+    graphs: list[str]
+    clusters: list[str]
+    methods: list[str]
+    seeds: list[int]
+    budget_evals: int | None
+    budget_seconds: float | None
+    timeout_seconds: float | None = None
+    options: dict = field(default_factory=dict)
+    sources: dict = field(default_factory=dict)  # ("graph"|"cluster", name) -> source
+
+    def runs(self, placements_dir=None) -> list[Run]:
+        out = []
+        pdir = None if placements_dir is None else str(Path(placements_dir).resolve())
+        for g in self.graphs:
+            for c in self.clusters:
+                for m in self.methods:
+                    for s in self.seeds:
+                        out.append(Run(g, self.sources["graph", g], c, self.sources["cluster", c], m, s,
+                                       self.budget_evals, self.budget_seconds,
+                                       tuple(sorted(self.options.get(m, {}).items())), pdir,
+                                       self.timeout_seconds))
+        return out
+
+    def __len__(self) -> int:
+        return len(self.graphs) * len(self.clusters) * len(self.methods) * len(self.seeds)
+
+
+def load_sweep(path) -> Sweep:
+    """Read and check a sweep file; :class:`SweepError` names the field at fault."""
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SweepError(f"{path}: no such sweep file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise SweepError(f"{path}: not valid TOML ({e})") from None
+    return parse_sweep(doc, path)
+
+
+def parse_sweep(doc: dict, path=Path("<sweep>")) -> Sweep:
+    """Check a sweep document (the parsed TOML) and resolve its names."""
+    path = Path(path)
+    where = str(path)
+    extra = set(doc) - TOP_KEYS
+    if extra:
+        raise SweepError(f"{where}: unknown table or key {sorted(extra)[0]!r} (expected [sweep] and [options.METHOD])")
+    sw = doc.get("sweep")
+    if not isinstance(sw, dict):
+        raise SweepError(f"{where}: no [sweep] table")
+    extra = set(sw) - SWEEP_KEYS
+    if extra:
+        raise SweepError(f"{where}: [sweep] has unknown key {sorted(extra)[0]!r} (known: {', '.join(sorted(SWEEP_KEYS))})")
+
+    def names(key):
+        v = sw.get(key)
+        if v is None:
+            raise SweepError(f"{where}: [sweep] {key} is missing")
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list) or not v or not all(isinstance(x, str) and x for x in v):
+            raise SweepError(f"{where}: [sweep] {key} must be a non-empty list of names")
+        _no_duplicates(where, key, v)
+        return v
+
+    graphs, clusters, methods = names("graphs"), names("clusters"), names("methods")
+    seeds = sw.get("seeds", [0])
+    if (not isinstance(seeds, list) or not seeds
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
+        raise SweepError(f"{where}: [sweep] seeds must be a non-empty list of integers >= 0")
+    _no_duplicates(where, "seeds", seeds)
+    evals = sw.get("budget_evals")
+    seconds = sw.get("budget_seconds")
+    if evals is None and seconds is None:
+        raise SweepError(f"{where}: [sweep] needs budget_seconds or budget_evals")
+    if evals is not None and (not isinstance(evals, int) or isinstance(evals, bool) or evals <= 0):
+        raise SweepError(f"{where}: [sweep] budget_evals must be a positive integer, got {evals!r}")
+    if seconds is not None and (not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds > 0):
+        raise SweepError(f"{where}: [sweep] budget_seconds must be a positive number, got {seconds!r}")
+    timeout = sw.get("timeout_seconds")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0):
+        raise SweepError(f"{where}: [sweep] timeout_seconds must be a positive number, got {timeout!r}")
+    name = sw.get("name", path.stem)
+    if not isinstance(name, str):
+        raise SweepError(f"{where}: [sweep] name must be a string")
+
+    base = path.resolve().parent
+    sources = {}
+    for g in graphs:
+        sources["graph", g] = _graph_source(g, base, where)
+    for c in clusters:
+        sources["cluster", c] = _cluster_source(c, base, where)
+    options = _check_methods(methods, doc.get("options", {}), where)
+    return Sweep(path, name, graphs, clusters, methods, list(seeds), evals,
+                 None if seconds is None else float(seconds), None if timeout is None else float(timeout),
+                 options, sources)
+
+
+def _no_duplicates(where, key, values) -> None:
+    seen = set()
+    for v in values:
+        if v in seen:
+            raise SweepError(f"{where}: [sweep] {key} lists {v!r} twice")
+        seen.add(v)
+
+
+def _local_path(name: str, base: Path) -> Path | None:
+    for p in (base / name, Path(name)):
+        if p.is_file():
+            return p.resolve()
+    return None
+
+
+def _graph_source(name: str, base: Path, where: str) -> str:
+    from costmodel import presets
+
+    p = _local_path(name, base)
+    if p is not None:
+        return str(p)
+    if (presets.data_dir() / "graphs" / f"{name}.npz").is_file() or presets._synthetic_size(name) is not None:
+        return name
+    raise SweepError(f"{where}: unknown graph {name!r}: not a file, and not one of {', '.join(presets.list_graphs())}")
+
+
+def _cluster_source(name: str, base: Path, where: str) -> str:
+    from costmodel import presets
+
+    p = _local_path(name, base)
+    src = str(p) if p is not None else name
+    if p is None and not (presets.data_dir() / "clusters" / f"{name}.toml").is_file():
+        raise SweepError(f"{where}: unknown cluster {name!r}: not a file, and not one of "
+                         f"{', '.join(presets.list_clusters())}")
+    try:
+        presets.load_cluster(src)  # cheap; a malformed cluster file fails here, not in 100 runs
+    except UserError as e:
+        raise SweepError(f"{where}: cluster {name!r}: {e}") from None
+    return src
+
+
+def _check_methods(methods: list[str], options, where: str) -> dict:
+    import search
+
+    known = search.methods()
+    for m in methods:
+        if m not in known:
+            raise SweepError(f"{where}: unknown method {m!r} (known: {', '.join(known)})")
+    if not isinstance(options, dict):
+        raise SweepError(f"{where}: options must be tables [options.METHOD]")
+    for m, opts in options.items():
+        if m not in methods:
+            raise SweepError(f"{where}: [options.{m}] is for a method the sweep does not run")
+        if not isinstance(opts, dict):
+            raise SweepError(f"{where}: [options.{m}] must be a table of option = value")
+    for m in methods:
+        try:
+            fn = search.get(m)
+        except UserError:
+            raise
+        except Exception as e:  # a method module that does not import: fail now, not in every run
+            raise SweepError(f"{where}: method {m!r} cannot be loaded ({type(e).__name__}: {e})") from None
+        opts = options.get(m, {})
+        params = inspect.signature(fn).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        fixed = list(params)[:4]  # problem, budget, seed, tracker
+        for k in opts:
+            if k in fixed or (not takes_any and k not in params):
+                allowed = [p for p in list(params)[4:] if params[p].kind is not inspect.Parameter.VAR_KEYWORD]
+                raise SweepError(f"{where}: [options.{m}] {k!r} is not an option of method {m!r} "
+                                 f"(options: {', '.join(allowed) or 'none'})")
+    return {m: dict(o) for m, o in options.items()}
+
+
+# ----------------------------------------------------------------- one run
+def versions() -> dict:
+    """Versions that decide a run's result."""
+    import importlib.metadata as md
+
+    import numba
+    import numpy
+
+    try:
+        pt = md.version("placetool")
+    except md.PackageNotFoundError:
+        pt = "unknown"
+    return {"placetool": pt, "python": sys.version.split()[0], "numpy": numpy.__version__, "numba": numba.__version__}
+
+
+def placement_filename(run: Run) -> str:
+    """A readable, collision-free file name for a run's placement."""
+    def clean(s):
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(s).name.removesuffix(".npz").removesuffix(".toml"))
+
+    h = hashlib.sha1(repr(run.key).encode()).hexdigest()[:8]
+    return f"{clean(run.graph)}__{clean(run.cluster)}__{clean(run.method)}__s{run.seed}__{h}.json"
+
+
+class RunTimeout(Exception):
+    pass
+
+
+def _pin_threads(threads: int | None) -> None:
+    """Cap this thread's numba parallelism (numba's setting is per thread)."""
+    if not threads:
+        return
+    import numba
+
+    numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+
+
+def run_one(run: Run, threads: int | None = None) -> dict:
+    """Run one grid point; always returns a record (``status`` ``ok`` or ``failed``)."""
+    t0 = time.perf_counter()
+    rec = {"graph": run.graph, "cluster": run.cluster, "method": run.method, "seed": run.seed,
+           "budget": run.budget, "options": run.options_json, "graph_source": run.graph_source,
+           "cluster_source": run.cluster_source, "budget_evals": run.budget_evals,
+           "budget_seconds": run.budget_seconds, "host": socket.gethostname(), "attempts": 1}
+    # the alarm works in a process's main thread (pool workers); Dask runs tasks in threads
+    alarm = (run.timeout_seconds is not None and hasattr(signal, "setitimer")
+             and threading.current_thread() is threading.main_thread())
+    try:
+        rec["versions"] = versions()
+        _pin_threads(threads)
+        import numba
+
+        rec["numba_threads"] = numba.get_num_threads()
+        if alarm:
+            def _timeout(signum, frame):
+                raise RunTimeout(f"run took longer than timeout_seconds = {run.timeout_seconds:g}")
+
+            old = signal.signal(signal.SIGALRM, _timeout)
+            signal.setitimer(signal.ITIMER_REAL, run.timeout_seconds)
+        try:
+            rec.update(_search(run))
+        finally:
+            if alarm:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
+        rec["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - every failure becomes a recorded row
+        rec["status"] = "failed"
+        rec["error"] = f"{type(e).__name__}: {e}"
+        rec["traceback"] = traceback.format_exc(limit=20)
+    rec["wall_seconds"] = time.perf_counter() - t0
+    rec["timestamp"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return rec
+
+
+def _search(run: Run) -> dict:
+    import search
+    from costmodel import CostModel, presets
+
+    g = presets.load_graph(run.graph_source)
+    cl = presets.load_cluster(run.cluster_source)
+    cm = CostModel(g, cl)
+    r = search.run(run.method, search.Problem(cm), search.Budget(evals=run.budget_evals, seconds=run.budget_seconds),
+                   seed=run.seed, **dict(run.options))
+    hist = [[int(e), float(s), float(b)] for e, s, b in r.history]
+    if len(hist) > HISTORY_POINTS:  # keep the shape of the curve, first and last points included
+        idx = sorted(set(round(i * (len(hist) - 1) / (HISTORY_POINTS - 1)) for i in range(HISTORY_POINTS)))
+        hist = [hist[i] for i in idx]
+    out = {"step_time_us": float(r.step_time_us), "feasible": int(bool(r.feasible)),
+           "lower_bound_us": float(r.lower_bound_us), "evaluations": int(r.evaluations),
+           "seconds": float(r.seconds), "n_ops": g.n_ops, "n_groups": g.n_groups, "n_devices": cl.n_devices,
+           "history": hist, "metadata": _plain(r.metadata)}
+    if run.placements_dir:
+        path = Path(run.placements_dir) / placement_filename(run)
+        doc = cm.placement_to_json(r.placement, r.step_time_us, extra={
+            "method": run.method, "seed": run.seed, "budget": run.budget, "options": dict(run.options),
+            "feasible": bool(r.feasible), "lower_bound_us": float(r.lower_bound_us)})
+        atomic_write(path, json.dumps(doc, indent=1) + "\n")
+        out["placement_path"] = str(path)
+    return out
+
+
+def _plain(x):
+    """Metadata as JSON-safe values (numpy scalars/arrays become numbers/lists)."""
+    return json.loads(json.dumps(x, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)))
+
+
+def failed_record(run: Run, error: str, attempts: int = 1) -> dict:
+    """The row of a run that never returned (its worker died, or the cluster lost it)."""
+    return {"graph": run.graph, "cluster": run.cluster, "method": run.method, "seed": run.seed,
+            "budget": run.budget, "options": run.options_json, "graph_source": run.graph_source,
+            "cluster_source": run.cluster_source, "budget_evals": run.budget_evals,
+            "budget_seconds": run.budget_seconds, "status": "failed", "error": error, "attempts": attempts,
+            "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+# ----------------------------------------------------------------- runners
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _init_worker(threads: int | None) -> None:
+    """Process-pool worker start: pin numba and BLAS threads so workers share the cores."""
+    if threads:
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(threads)
+    _pin_threads(threads)
+
+
+def _mp_context():
+    import multiprocessing as mp
+
+    # forkserver: cheap restarts after a worker dies; never fork the (maybe threaded) driver
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["search.sweep"])
+        return ctx
+    return mp.get_context("spawn")
+
+
+def run_pool(runs: list[Run], workers: int, on_result: Callable[[dict], None], threads: int | None = None,
+             max_attempts: int = 2, run_fn: Callable = run_one) -> None:
+    """Run on a local process pool, calling ``on_result(record)`` as each run finishes.
+
+    At most ``workers`` runs are in flight, so when a worker dies the suspects are known:
+    they are re-run one at a time, which finds the culprit; a run whose worker dies
+    ``max_attempts`` times while it runs alone is recorded as failed. ``attempts`` in
+    each record counts the tries.
+    """
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    workers = max(1, int(workers))
+    ctx = _mp_context()
+
+    def new_pool():
+        return ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                                   initargs=(threads,))
+
+    pending, suspects = deque(runs), deque()
+    lost: dict[Run, int] = {}    # times a run was in flight when its pool broke
+    alone: dict[Run, int] = {}   # ... while it was the only run in flight: its own fault
+    inflight: dict = {}
+    starts = 0
+    pool = new_pool()
+    try:
+        while pending or suspects or inflight:
+            limit = 1 if suspects else workers
+            while len(inflight) < limit and (suspects or pending):
+                queue = suspects if suspects else pending
+                r = queue.popleft()
+                try:
+                    inflight[pool.submit(run_fn, r, threads)] = r
+                except BrokenProcessPool:  # a worker died since the last wait: handled below
+                    queue.appendleft(r)
+                    break
+            if not inflight:  # the pool broke with nothing in flight: workers cannot start
+                starts += 1
+                if starts > 3:
+                    raise SweepError("the sweep's worker processes die as they start (see the log above)")
+                pool.shutdown(wait=True, cancel_futures=True)
+                pool = new_pool()
+                continue
+            done, _ = wait(inflight, return_when=FIRST_COMPLETED)
+            if any(isinstance(f.exception(), BrokenProcessPool) for f in done):
+                wait(inflight)  # every in-flight future ends once the pool is broken
+                broken = [inflight[f] for f in inflight if isinstance(f.exception(), BrokenProcessPool)]
+                for f, r in inflight.items():
+                    if not isinstance(f.exception(), BrokenProcessPool):
+                        on_result(_result(f, r, lost))
+                inflight.clear()
+                pool.shutdown(wait=True, cancel_futures=True)
+                for r in broken:
+                    lost[r] = lost.get(r, 0) + 1
+                    if len(broken) == 1:
+                        alone[r] = alone.get(r, 0) + 1
+                        if alone[r] >= max_attempts:
+                            on_result(failed_record(r, f"worker process died under it {lost[r]} times "
+                                                       "(a crash, or killed, e.g. for memory)", lost[r]))
+                            continue
+                    suspects.append(r)
+                pool = new_pool()
+                continue
+            for f in done:
+                on_result(_result(f, inflight.pop(f), lost))
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _result(fut, run: Run, lost: dict) -> dict:
+    try:
+        rec = fut.result()
+    except Exception as e:  # noqa: BLE001 - e.g. a result that could not be pickled
+        rec = failed_record(run, f"{type(e).__name__}: {e}")
+    rec["attempts"] = lost.get(run, 0) + 1
+    return rec
+
+
+def _dask_task(run_fn, run: Run, threads_by_worker: dict) -> dict:
+    from distributed import get_worker
+
+    w = get_worker()
+    threads = threads_by_worker.get(w.address) or max(1, cpu_count() // max(1, w.state.nthreads))
+    return run_fn(run, threads)
+
+
+def dask_threads(client) -> dict:
+    """Numba threads per Dask worker: a host's cores shared among the task threads on it."""
+    info = client.scheduler_info(n_workers=-1)["workers"] if "n_workers" in inspect.signature(
+        client.scheduler_info).parameters else client.scheduler_info()["workers"]
+    cores = client.run(cpu_count)
+    per_host: dict = {}
+    for addr, w in info.items():
+        per_host[w["host"]] = per_host.get(w["host"], 0) + int(w["nthreads"])
+    return {addr: max(1, int(cores.get(addr, 1)) // max(1, per_host[w["host"]])) for addr, w in info.items()}
+
+
+def run_dask(runs: list[Run], client, on_result: Callable[[dict], None], retries: int = 1,
+             run_fn: Callable = run_one) -> None:
+    """Run on a Dask cluster. The scheduler re-runs a task whose worker died
+    (``distributed.scheduler.allowed-failures`` times); after that it is recorded as failed."""
+    from distributed import KilledWorker, as_completed
+
+    import uuid
+
+    threads = dask_threads(client)
+    batch = uuid.uuid4().hex[:8]  # keys unique per call: a shared client may still hold older ones
+    futs = {}
+    for r in runs:
+        key = f"placetool-run-{hashlib.sha1(repr(r.key).encode()).hexdigest()[:16]}-{batch}"
+        futs[client.submit(_dask_task, run_fn, r, threads, key=key, pure=False, retries=retries)] = r
+    for f in as_completed(futs):
+        r = futs[f]
+        try:
+            rec = f.result()
+        except KilledWorker as e:
+            rec = failed_record(r, f"worker died running it too many times (KilledWorker: {e})")
+        except Exception as e:  # noqa: BLE001 - lost task, unpicklable result...
+            rec = failed_record(r, f"{type(e).__name__}: {e}")
+        on_result(rec)
+        f.release()
+
+
+def connect_dask(dask: bool = False, scheduler: str | None = None, scheduler_file: str | None = None,
+                 workers: int | None = None, timeout: float = 15):
+    """A Dask client: a new LocalCluster (``dask``), or an existing cluster's scheduler.
+    Returns (client, cluster or None); close both when done."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError as e:  # pragma: no cover - dask is a dependency
+        raise SweepError(f"Dask is not installed ({e})") from None
+    if scheduler or scheduler_file:
+        try:
+            if scheduler_file:
+                if not Path(scheduler_file).is_file():
+                    raise SweepError(f"{scheduler_file}: no such scheduler file")
+                return Client(scheduler_file=scheduler_file, timeout=timeout), None
+            return Client(scheduler, timeout=timeout), None
+        except SweepError:
+            raise
+        except (OSError, TimeoutError, ValueError) as e:
+            raise SweepError(f"cannot connect to the Dask scheduler at {scheduler or scheduler_file}: {e}") from None
+    import dask
+
+    n = workers or cpu_count()
+    # one task thread per worker process (numba is pinned per task); the statistical
+    # profiler samples every task thread's stack every 10 ms, which costs CPU-bound runs time
+    with dask.config.set({"distributed.worker.profile.enabled": False}):
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
+    return Client(cluster, timeout=timeout), cluster
+
+
+# ----------------------------------------------------------------- driver
+def run_sweep(sweep: Sweep, store, *, workers: int | None = None, dask: bool = False,
+              scheduler: str | None = None, scheduler_file: str | None = None, placements_dir=None,
+              retry_failed: bool = True, on_start: Callable[[int, int], None] | None = None,
+              on_result: Callable[[dict], None] | None = None, run_fn: Callable = run_one,
+              client=None) -> dict:
+    """Run the grid points of ``sweep`` not yet ``ok`` in ``store``; returns a summary.
+
+    ``on_start(total, to_run)`` is called once the work is known, ``on_result(record)``
+    after each run is stored. Failed rows are re-run unless ``retry_failed`` is False.
+    ``client``: an already connected Dask client to run on (left open).
+    """
+    if sum(bool(x) for x in (dask, scheduler, scheduler_file)) > 1:
+        raise SweepError("give at most one of --dask, --scheduler, --scheduler-file")
+    if workers is not None and workers < 1:
+        raise SweepError(f"--workers must be at least 1, got {workers}")
+    if placements_dir is not None:
+        Path(placements_dir).mkdir(parents=True, exist_ok=True)
+    grid = sweep.runs(placements_dir)
+    have = store.statuses()
+    skip = {"ok"} | (set() if retry_failed else {"failed"})
+    todo = [r for r in grid if have.get(r.key) not in skip]
+    counts = {"ok": 0, "failed": 0}
+    if on_start:
+        on_start(len(grid), len(todo))
+
+    def done(rec):
+        store.put(rec)
+        counts[rec["status"]] += 1
+        if on_result:
+            on_result(rec)
+
+    t0 = time.perf_counter()
+    runner = "pool"
+    if client is not None:
+        runner = "dask"
+        if todo:
+            run_dask(todo, client, done, run_fn=run_fn)
+    elif todo:
+        if dask or scheduler or scheduler_file:
+            runner = "dask"
+            client, cluster = connect_dask(dask, scheduler, scheduler_file, workers)
+            try:
+                run_dask(todo, client, done, run_fn=run_fn)
+            finally:
+                client.close()
+                if cluster is not None:
+                    cluster.close()
+        else:
+            n = min(workers or cpu_count(), len(todo))
+            run_pool(todo, n, done, threads=max(1, cpu_count() // n), run_fn=run_fn)
+    secs = time.perf_counter() - t0
+    return {"sweep": sweep.name, "grid": len(grid), "skipped": len(grid) - len(todo), "ran": len(todo),
+            "ok": counts["ok"], "failed": counts["failed"], "seconds": secs, "runner": runner,
+            "runs_per_minute": 60 * len(todo) / secs if todo and secs > 0 else None}
+
+
+__all__ = ["Run", "Sweep", "SweepError", "load_sweep", "parse_sweep", "run_one", "run_pool", "run_dask",
+           "run_sweep", "connect_dask", "failed_record"]
