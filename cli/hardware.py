@@ -81,6 +81,17 @@ def planned_spec(testbed_n, testbed_device, cluster_spec, local):
                        "or start a testbed with `placetool testbed up --workers N`")
 
 
+def check_cluster_matches(cl, spec) -> None:
+    """The cluster used for predictions must have the measured devices, kind for kind."""
+    if cl.n_devices != len(spec.tf_devices):
+        raise UserError(f"cluster {cl.name!r} has {cl.n_devices} devices but {len(spec.tf_devices)} "
+                        "devices are being measured")
+    for i, (k, k2) in enumerate(zip(cl.kinds, spec.kinds)):
+        if k != k2:
+            raise UserError(f"cluster device {cl.names[i]!r} is a {k} but measured device {i} "
+                            f"({spec.tf_devices[i]}) is a {k2}")
+
+
 @contextlib.contextmanager
 def devices(testbed_n, testbed_device, cluster_spec, local, timeout_s, log=None):
     """Yield the ClusterSpec to measure on; a ``--testbed`` one is stopped afterwards."""
@@ -282,13 +293,7 @@ def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster
     else:
         raise UserError("verify needs --profile (from placetool calibrate) or --cluster for its prediction")
     spec0 = planned_spec(testbed_n, testbed_device, cluster_spec, local)
-    if cl.n_devices != len(spec0.tf_devices):
-        raise UserError(f"cluster {cl.name!r} has {cl.n_devices} devices but {len(spec0.tf_devices)} "
-                        "devices are being measured")
-    for i, (k, k2) in enumerate(zip(cl.kinds, spec0.kinds)):
-        if k != k2:
-            raise UserError(f"cluster device {cl.names[i]!r} is a {k} but measured device {i} "
-                            f"({spec0.tf_devices[i]}) is a {k2}")
+    check_cluster_matches(cl, spec0)
     from costmodel.tf.importer import trace
     from costmodel.tf.runner import check_placement, measure
 

@@ -105,10 +105,18 @@ class _Bar:
 @click.option("--policy", default=None, help="rl: policy name.")
 @click.option("--init-from", "init_from", type=click.Path(), default=None, help="rl: start from a saved policy.")
 @click.option("--logdir", type=click.Path(file_okay=False), default=None, help="rl: write training logs here.")
+@click.option("--verify-top", "verify_top", type=click.IntRange(min=1), default=None,
+              help="Run the K best placements found on real devices and report the measured best.")
+@click.option("--testbed", "testbed_n", type=click.IntRange(min=1), default=None,
+              help="--verify-top: start N local TF workers around the measurements.")
+@click.option("--cluster-spec", type=click.Path(dir_okay=False), default=None,
+              help="--verify-top: measure on a running TF cluster (JSON cluster spec).")
+@click.option("--local", is_flag=True, help="--verify-top: measure on this process's own devices.")
 @click.option("--progress/--no-progress", "show_progress", default=True,
               help="Progress bar on stderr (only on a terminal).")
 def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed, out, profile, as_json,
-           compare, storage, policy, init_from, logdir, show_progress):
+           compare, storage, policy, init_from, logdir, verify_top, testbed_n, cluster_spec, local,
+           show_progress):
     """Search a placement of GRAPH on CLUSTER with METHOD within a budget.
 
     Prints the best placement's simulated step time beside a lower bound (no
@@ -125,8 +133,11 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     except ImportError as e:
         raise S.SearchError(f"method {method!r} is not available here ({e})") from None
     if budget_evals is None and budget_seconds is None:
-        budget_seconds = DEFAULT_SECONDS
-    budget = S.Budget(evals=budget_evals, seconds=budget_seconds)
+        # a method may ask for its own default (rl needs longer than a one-shot heuristic)
+        default = getattr(sys.modules[fn.__module__], "DEFAULT_BUDGET", None)
+        budget = default or S.Budget(seconds=DEFAULT_SECONDS)
+    else:
+        budget = S.Budget(evals=budget_evals, seconds=budget_seconds)
     given = {k: v for k, v in dict(storage=storage, policy=policy, init_from=init_from, logdir=logdir).items()
              if v is not None}
     options = _method_options(fn, method, given)
@@ -134,10 +145,10 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
 
     g, cl, cm = load_problem(graph, cluster, profile)
     problem = S.Problem(cm)  # SearchError when no placement can fit
-    # A later `--verify-top K` (hardware check) passes keep_top=K here and measures
-    # result.top: the K best distinct (step_us, feasible, group assignment) seen.
+    if verify_top:
+        _check_verify_options(g, cl, testbed_n, cluster_spec, local)  # before searching
     with _Bar(budget, show_progress and not as_json) as bar:
-        result = S.run(method, problem, budget, seed=seed, progress=bar, **options)
+        result = S.run(method, problem, budget, seed=seed, progress=bar, keep_top=verify_top or 0, **options)
 
     lb = result.lower_bound_us
     reason = None if result.feasible else cm.simulate(result.placement).reason
@@ -170,6 +181,8 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     }
     if baselines:
         obj["baselines"] = baselines
+    if verify_top:
+        obj["verified"] = _verify(g, cl, cm, result, verify_top, testbed_n, cluster_spec, local, as_json)
     if out and result.feasible:
         write_json(out, cm.placement_to_json(result.placement, result.step_time_us, extra={
             "method": method, "seed": seed, "feasible": True, "lower_bound_us": lb}))
@@ -186,6 +199,43 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
         sys.exit(1)
 
 
+def _check_verify_options(g, cl, testbed_n, cluster_spec, local) -> None:
+    """Fail before the search if the hardware check cannot run."""
+    from costmodel.errors import UserError
+
+    from .hardware import check_cluster_matches, planned_spec
+
+    if not (testbed_n or cluster_spec or local):
+        raise UserError("--verify-top needs --testbed N, --cluster-spec FILE or --local")
+    if g.name not in _zoo_names():
+        raise UserError(f"--verify-top: graph {g.name!r} is not a zoo model placetool can trace and run")
+    check_cluster_matches(cl, planned_spec(testbed_n, "cpu", cluster_spec, local))
+
+
+def _zoo_names() -> list[str]:
+    from costmodel.tf import zoo
+
+    return list(zoo.ZOO)
+
+
+def _verify(g, cl, cm, result, k, testbed_n, cluster_spec, local, quiet) -> dict:
+    """Measure the k best placements seen; the measured best is the answer."""
+    from costmodel.tf.runner import verify_top
+
+    from .hardware import planned_spec
+
+    top = [t for t in result.top if t[1]][:k] or result.top[:k]
+    spec = None if testbed_n else planned_spec(None, "cpu", cluster_spec, local)
+    if not quiet:
+        click.echo(f"measuring the {len(top)} best placements on real devices ...", err=True)
+    trace_kw = {key: g.meta[key] for key in ("batch", "mode", "optimizer") if key in g.meta}
+    rows = verify_top(g.name, cl, [a for _, _, a in top], k=k, predicted=[st for st, _, _ in top],
+                      spec=spec, testbed=testbed_n or 0, graph=g, trace_kw=trace_kw)
+    return {"measured": [{key: r[key] for key in ("rank", "predicted_us", "measured_us", "error_pct")}
+                         for r in rows],
+            "best_measured_rank": rows[0]["rank"] if rows else None}
+
+
 def _print_human(g, cl, obj, baselines, out) -> None:
     step, lb = obj["step_time_us"], obj["lower_bound_us"]
     click.echo(f"{obj['method']} on {g.name} ({g.n_ops} ops, {g.n_groups} groups) / {cl.name}")
@@ -198,5 +248,8 @@ def _print_human(g, cl, obj, baselines, out) -> None:
         rel = f"{r['step_time_us'] / step:.2f}x ours" if step > 0 and np.isfinite(step) else ""
         feas = "" if r["feasible"] else " (does not fit)"
         click.echo(f"  {b:<10} {fmt_us(r['step_time_us']):>12}  {rel}{feas}")
+    for r in obj.get("verified", {}).get("measured", []):
+        click.echo(f"  measured #{r['rank'] + 1}: {fmt_us(r['measured_us'])} "
+                   f"(predicted {fmt_us(r['predicted_us'])}, error {r['error_pct']:+.1f}%)")
     if obj["out"]:
         click.echo(f"placement written to {out}")
