@@ -364,3 +364,13 @@ def test_cli_import_json(models_dir, tmp_path, capsys, tf):
     g = load(out)
     assert s["ops"] == g.n_ops and s["total_flops"] == g.flops.sum() and s["mode"] == "train"
     assert g.meta["batch"] == 8
+
+
+def test_tracing_the_same_source_twice_gives_the_same_op_names():
+    # Keras numbers layers per process; profiles and placements are keyed by op name.
+    from costmodel.tf.importer import trace
+
+    a = trace("mlp", batch=8).graph
+    b = trace("mlp", batch=8).graph
+    assert a.names == b.names and any("dense" in n for n in a.names)
+

@@ -206,6 +206,13 @@ def trace(source, mode: str = "train", batch: int | None = None, optimizer: str 
         return _trace_keras(source, None, mode, batch, optimizer, name or "model")
     from . import zoo
 
+    # Keras numbers layer names per process (dense, dense_1, ...): start each build from a
+    # clean slate so that the same source always gives the same op names, which profiles
+    # and placement files are keyed by.
+    _tf()
+    import keras
+
+    keras.backend.clear_session()
     if source in zoo.ZOO:
         spec = zoo.ZOO[source]
         try:
@@ -437,6 +444,8 @@ def _finish(cf, variables, feeds, name, meta, tagger=None) -> Traced:
     by_handle = {}
     for v in list(variables) + list(getattr(graph, "variables", [])):
         tv = getattr(v, "value", v)  # keras.Variable -> tf.Variable
+        if callable(tv):  # a plain tf.Variable, whose .value is a method
+            tv = v
         h = getattr(tv, "handle", None)
         if h is not None:
             by_handle[id(h)] = tv
