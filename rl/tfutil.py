@@ -16,7 +16,9 @@ def tf(threads: int | None = None):
     """
     global _configured
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as _tf
+    from costmodel.tf.importer import import_tf
+
+    _tf = import_tf()
 
     if not _configured:
         n = threads or int(os.environ.get("PLACETOOL_TF_THREADS", "1"))

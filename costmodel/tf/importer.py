@@ -156,6 +156,10 @@ def _tf():
     return tf
 
 
+#: Import TensorFlow the way placetool needs it (oneDNN rewrites off, start-up logs muted).
+import_tf = _tf
+
+
 #: Public name: import TensorFlow the way the importer does (oneDNN rewrites off).
 import_tf = _tf
 
