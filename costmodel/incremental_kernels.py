@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .kernels import _ev_pop, _ev_push, _rq_pop, _rq_push
+from .kernels import heap_pop, heap_push, keyheap_pop, keyheap_push
 
 XFER_DONE = 1
 
@@ -72,7 +72,7 @@ def init_fresh(placement, n_inputs, rank, live, livepeak, seg, busy, running, rq
         out_refs[op] = 0
         if missing[op] == 0:
             d = placement[op]
-            _rq_push(rq, base[d], rq_size[d], np.int64(rank[op]))
+            keyheap_push(rq, base[d], rq_size[d], np.int64(rank[op]))
             rq_size[d] += 1
     epoch_time[0] = 0.0
     sc[0] = 0
@@ -312,7 +312,7 @@ def run(placement, T, rank, topo_order, out_bytes, tensor_op, tensor_bytes, op_t
         # ---- dispatch (a no-op right after a restore: the checkpoint was taken after one)
         for d in range(D):
             if not running[d] and rq_size[d] > 0:
-                op = topo_order[_rq_pop(rq, rq_base[d], rq_size[d]) & low]
+                op = topo_order[keyheap_pop(rq, rq_base[d], rq_size[d]) & low]
                 rq_size[d] -= 1
                 running[d] = True
                 end = now + T[op, d]
@@ -323,7 +323,7 @@ def run(placement, T, rank, topo_order, out_bytes, tensor_op, tensor_bytes, op_t
                     livepeak[d] = live[d]
                 if live[d] > seg[d]:
                     seg[d] = live[d]
-                n_ev = _ev_push(ev_t, ev_k, ev_id, n_ev, end, rank[op], op)
+                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, end, rank[op], op)
         for k in range(n_pending):
             l = pending[k]
             link_pending[l] = False
@@ -342,7 +342,7 @@ def run(placement, T, rank, topo_order, out_bytes, tensor_op, tensor_bytes, op_t
                     livepeak[dd] = live[dd]
                 if live[dd] > seg[dd]:
                     seg[dd] = live[dd]
-                n_ev = _ev_push(ev_t, ev_k, ev_id, n_ev, x_end, XFER_DONE * key_span + x, x)
+                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, x_end, XFER_DONE * key_span + x, x)
         n_pending = 0
 
         if n_ev == 0:
@@ -387,7 +387,7 @@ def run(placement, T, rank, topo_order, out_bytes, tensor_op, tensor_bytes, op_t
         while n_ev > 0 and ev_t[0] == now:
             kind_key = ev_k[0]
             i = ev_id[0]
-            n_ev = _ev_pop(ev_t, ev_k, ev_id, n_ev)
+            n_ev = heap_pop(ev_t, ev_k, ev_id, n_ev)
             since += 1
             fresh = False
             if kind_key < key_span:  # an op finished
@@ -421,7 +421,7 @@ def run(placement, T, rank, topo_order, out_bytes, tensor_op, tensor_bytes, op_t
                             missing[c] -= 1
                             wm -= rank[c] + 1
                             if missing[c] == 0:
-                                _rq_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
+                                keyheap_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
                                 rq_size[dc] += 1
                             continue
                         x = copy_of[t * D + dc]
@@ -453,7 +453,7 @@ def run(placement, T, rank, topo_order, out_bytes, tensor_op, tensor_bytes, op_t
                     wm -= rank[c] + 1
                     if missing[c] == 0:
                         dc = placement[c]
-                        _rq_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
+                        keyheap_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
                         rq_size[dc] += 1
                 out_refs[op] = refs
                 wo += refs * np.int64(rank[op] + 1)
@@ -481,7 +481,7 @@ def run(placement, T, rank, topo_order, out_bytes, tensor_op, tensor_bytes, op_t
                         missing[c] -= 1
                         wm -= rank[c] + 1
                         if missing[c] == 0:
-                            _rq_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
+                            keyheap_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
                             rq_size[dd] += 1
     if record and next_ck > 0 and matched < 0:
         for d in range(D):

@@ -23,8 +23,8 @@ def _less(ta, ka, tb, kb):
 
 
 @njit(cache=True, inline="always")
-def _ev_push(ev_t, ev_k, ev_id, size, t, k, i):
-    """Push onto the event heap ordered by (time, key); returns the new size."""
+def heap_push(ev_t, ev_k, ev_id, size, t, k, i):
+    """Push (t, k) -> i onto a min-heap ordered by (t, k) in three parallel arrays; returns the new size."""
     j = size
     while j > 0:
         parent = (j - 1) >> 1
@@ -42,8 +42,8 @@ def _ev_push(ev_t, ev_k, ev_id, size, t, k, i):
 
 
 @njit(cache=True, inline="always")
-def _ev_pop(ev_t, ev_k, ev_id, size):
-    """Remove the root of the event heap; returns the new size."""
+def heap_pop(ev_t, ev_k, ev_id, size):
+    """Remove the root of a heap_push heap; returns the new size."""
     size -= 1
     t, k, i = ev_t[size], ev_k[size], ev_id[size]
     j = 0
@@ -68,7 +68,7 @@ def _ev_pop(ev_t, ev_k, ev_id, size):
 
 
 @njit(cache=True, inline="always")
-def _rq_push(heap, base, size, key):
+def keyheap_push(heap, base, size, key):
     """Push an int64 key onto a device's ready heap heap[base:base+size] (a min-heap)."""
     j = size
     while j > 0:
@@ -83,7 +83,7 @@ def _rq_push(heap, base, size, key):
 
 
 @njit(cache=True, inline="always")
-def _rq_pop(heap, base, size):
+def keyheap_pop(heap, base, size):
     """Pop the smallest key of a device's ready heap (``size`` is the size before popping)."""
     top = heap[base]
     size -= 1
@@ -182,7 +182,7 @@ def simulate_into(
     for op in range(n):
         if missing[op] == 0:
             d = placement[op]
-            _rq_push(rq, rq_base[d], rq_size[d], np.int64(rank[op]))
+            keyheap_push(rq, rq_base[d], rq_size[d], np.int64(rank[op]))
             rq_size[d] += 1
 
     now = 0.0
@@ -191,7 +191,7 @@ def simulate_into(
         # ---- dispatch: idle devices start their best ready op, idle links their oldest transfer
         for d in range(D):
             if not running[d] and rq_size[d] > 0:
-                op = topo_order[_rq_pop(rq, rq_base[d], rq_size[d]) & low]
+                op = topo_order[keyheap_pop(rq, rq_base[d], rq_size[d]) & low]
                 rq_size[d] -= 1
                 running[d] = True
                 op_start[op] = now
@@ -201,7 +201,7 @@ def simulate_into(
                 mem[d] += out_bytes[op]
                 if mem[d] > peak[d]:
                     peak[d] = mem[d]
-                n_ev = _ev_push(ev_t, ev_k, ev_id, n_ev, end, OP_DONE * key_span + rank[op], op)
+                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, end, OP_DONE * key_span + rank[op], op)
         for k in range(n_pending):
             l = pending[k]
             link_pending[l] = False
@@ -219,7 +219,7 @@ def simulate_into(
                 mem[dd] += b
                 if mem[dd] > peak[dd]:
                     peak[dd] = mem[dd]
-                n_ev = _ev_push(ev_t, ev_k, ev_id, n_ev, x_end[x], XFER_DONE * key_span + x, x)
+                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, x_end[x], XFER_DONE * key_span + x, x)
         n_pending = 0
 
         if n_ev == 0:
@@ -231,7 +231,7 @@ def simulate_into(
         while n_ev > 0 and ev_t[0] == now:
             kind_key = ev_k[0]
             i = ev_id[0]
-            n_ev = _ev_pop(ev_t, ev_k, ev_id, n_ev)
+            n_ev = heap_pop(ev_t, ev_k, ev_id, n_ev)
             if kind_key < key_span:  # an op finished
                 op = i
                 d = placement[op]
@@ -259,7 +259,7 @@ def simulate_into(
                             refs += 1
                             missing[c] -= 1
                             if missing[c] == 0:
-                                _rq_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
+                                keyheap_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
                                 rq_size[dc] += 1
                         elif copy_of[t * D + dc] >= 0:
                             x_refs[copy_of[t * D + dc]] += 1
@@ -288,7 +288,7 @@ def simulate_into(
                     missing[c] -= 1
                     if missing[c] == 0:
                         dc = placement[c]
-                        _rq_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
+                        keyheap_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
                         rq_size[dc] += 1
                 out_refs[op] = refs
                 if refs == 0:
@@ -313,7 +313,7 @@ def simulate_into(
                     if placement[c] == dd:
                         missing[c] -= 1
                         if missing[c] == 0:
-                            _rq_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
+                            keyheap_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
                             rq_size[dd] += 1
     return makespan, n_x
 

@@ -32,55 +32,18 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from costmodel.kernels import heap_pop, heap_push
+
 from .base import register
 from .partition import accelerators, fallback_device, gpu_group_time, group_memory_bytes, score
 
 
 # --------------------------------------------------------------------- heaps
 @njit(cache=True)
-def _hpush(k1, k2, ids, size, a, b, i):
-    """Min-heap on (k1, k2): push (a, b) -> i; returns the new size."""
-    j = size
-    while j > 0:
-        p = (j - 1) >> 1
-        if a < k1[p] or (a == k1[p] and b < k2[p]):
-            k1[j] = k1[p]
-            k2[j] = k2[p]
-            ids[j] = ids[p]
-            j = p
-        else:
-            break
-    k1[j] = a
-    k2[j] = b
-    ids[j] = i
-    return size + 1
-
-
-@njit(cache=True)
 def _hpop(k1, k2, ids, size):
-    """Pop the minimum; returns (id, new size)."""
+    """Pop the minimum of the simulator's (key, tie) heap; returns (id, new size)."""
     top = ids[0]
-    size -= 1
-    a, b, i = k1[size], k2[size], ids[size]
-    j = 0
-    while True:
-        c = 2 * j + 1
-        if c >= size:
-            break
-        if c + 1 < size and (k1[c + 1] < k1[c] or (k1[c + 1] == k1[c] and k2[c + 1] < k2[c])):
-            c += 1
-        if k1[c] < a or (k1[c] == a and k2[c] < b):
-            k1[j] = k1[c]
-            k2[j] = k2[c]
-            ids[j] = ids[c]
-            j = c
-        else:
-            break
-    if size > 0:
-        k1[j] = a
-        k2[j] = b
-        ids[j] = i
-    return top, size
+    return top, heap_pop(k1, k2, ids, size)
 
 
 # ------------------------------------------------------------- shared pieces
@@ -198,7 +161,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
     size = 0
     for v in range(n):
         if indeg[v] == 0:
-            size = _hpush(k1, k2, ids, size, -prio[v], rank[v], v)
+            size = heap_push(k1, k2, ids, size, -prio[v], rank[v], v)
     cand = np.zeros(D, np.bool_)
     fallbacks = 0
     while size > 0:
@@ -252,7 +215,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
             w = succ_dst[k]
             indeg[w] -= 1
             if indeg[w] == 0:
-                size = _hpush(k1, k2, ids, size, -prio[w], rank[w], w)
+                size = heap_push(k1, k2, ids, size, -prio[w], rank[w], w)
     return place, start, finish, fallbacks
 
 
@@ -262,9 +225,9 @@ def _etf_enqueue(op, d, tie, dr, avail, pk, pt, pid, psize, rk, rt, rid, rsize):
     """Queue a ready op on device d: in d's ready queue (keyed by tie) if its data is
     there by the time d is free, else in d's pending queue (keyed by data-ready time)."""
     if dr[op, d] <= avail[d]:
-        rsize[d] = _hpush(rk[d], rt[d], rid[d], rsize[d], 0.0, tie[op], op)
+        rsize[d] = heap_push(rk[d], rt[d], rid[d], rsize[d], 0.0, tie[op], op)
     else:
-        psize[d] = _hpush(pk[d], pt[d], pid[d], psize[d], dr[op, d], tie[op], op)
+        psize[d] = heap_push(pk[d], pt[d], pid[d], psize[d], dr[op, d], tie[op], op)
 
 
 @njit(cache=True)
@@ -351,7 +314,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                         continue
                     if pk[d, 0] <= avail[d]:
                         _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
-                        rsize[d] = _hpush(rk[d], rt[d], rid[d], rsize[d], 0.0, tie[op], op)
+                        rsize[d] = heap_push(rk[d], rt[d], rid[d], rsize[d], 0.0, tie[op], op)
                         continue
                     _candidates(op, group[op], T, gdev, gmem, used, cap, pref[op], cand)
                     if not cand[d]:
