@@ -51,7 +51,7 @@ def load_graph(name_or_path) -> "_graph.OpGraph":
     """A graph from a file path, a bundled name or a synthetic name."""
     s = str(name_or_path)
     p = Path(s)
-    if p.suffix in (".npz",) or p.exists():
+    if p.suffix == ".npz" or p.is_file():
         return _graph.load(p)
     bundled = data_dir() / "graphs" / f"{s}.npz"
     if bundled.exists():
@@ -66,7 +66,7 @@ def load_cluster(name_or_path) -> "_cluster.Cluster":
     """A cluster from a TOML path or a bundled preset name."""
     s = str(name_or_path)
     p = Path(s)
-    if p.suffix == ".toml" or p.exists():
+    if p.suffix == ".toml" or p.is_file():
         return _cluster.load(p)
     bundled = data_dir() / "clusters" / f"{s}.toml"
     if bundled.exists():
