@@ -24,7 +24,8 @@ import numpy as np
 from .base import BudgetExhausted, SearchError, get, register
 
 #: cheap methods whose placements seed sa and tpe (those not registered are skipped)
-DEFAULT_SEEDS = ("single", "round-robin", "expert", "m-etf", "heft", "critical-path", "m-topo", "metis")
+DEFAULT_SEEDS = ("single", "round-robin", "expert", "m-etf", "heft", "critical-path", "m-topo", "metis",
+                 "m-sct", "mincut")
 
 
 def objective(step, feasible, peak, capacity) -> np.ndarray:
