@@ -158,7 +158,6 @@ class OpGraph:
         """
         nodes = list(g.nodes)
         index = {v: i for i, v in enumerate(nodes)}
-        n = len(nodes)
         op_types, out_bytes, param_bytes, flops, group, allowed, layer = [], [], [], [], [], [], []
         for v in nodes:
             a = g.nodes[v]

@@ -167,7 +167,6 @@ class Trainer:
     # ------------------------------------------------------------------ steps
     def step(self) -> dict:
         """One REINFORCE step over every problem; returns scalars for logging."""
-        tf = self.tf
         K = self.cfg.samples
         grads_sum, stats = None, []
         for ti, task in enumerate(self.tasks):

@@ -27,3 +27,49 @@ def nxgraph(nodes, edges, name="g"):
     for e in edges:
         g.add_edge(e[0], e[1], **(e[2] if len(e) > 2 else {}))
     return g
+
+
+def cost_models(min_ops=1, max_ops=24, min_devices=1, max_devices=4, max_param=50, memories=(10_000,)):
+    """Hypothesis strategy: a CostModel of a random DAG (multi-output ops, control edges,
+    groups) on a random all-GPU cluster. Op times and link figures are small integers, so
+    simultaneous events and zero-length ops are common."""
+    import numpy as np
+    from hypothesis import strategies as st
+
+    from costmodel import CostModel, OpGraph
+
+    @st.composite
+    def draw_model(draw):
+        n = draw(st.integers(min_ops, max_ops))
+        D = draw(st.integers(min_devices, max_devices))
+        n_out = [draw(st.integers(1, 2)) for _ in range(n)]
+        g = nx.DiGraph()
+        out_bytes = [draw(st.integers(0, 1000)) for _ in range(n)]
+        for v in range(n):
+            group = draw(st.integers(0, n - 1)) if draw(st.booleans()) else None
+            g.add_node(f"op{v}", op_type="Op", out_bytes=out_bytes[v], param_bytes=draw(st.integers(0, max_param)),
+                       group=None if group is None else f"g{group}")
+        for v in range(1, n):
+            for u in draw(st.lists(st.integers(0, v - 1), max_size=3, unique=True)):
+                if draw(st.booleans()) and draw(st.booleans()):
+                    g.add_edge(f"op{u}", f"op{v}", control=True)
+                else:
+                    k = draw(st.integers(0, n_out[u] - 1))
+                    g.add_edge(f"op{u}", f"op{v}", output=k, bytes=(out_bytes[u] + 7 * k) // (k + 1))
+        T = np.array([[draw(st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0])) for _ in range(D)] for _ in range(n)])
+        c = cluster(D, kinds=["gpu"] * D, memory=draw(st.sampled_from(memories)), name="h")
+        c.latency_us[:] = [[draw(st.sampled_from([0.0, 1.0, 2.0])) for _ in range(D)] for _ in range(D)]
+        c.bandwidth_bytes_per_us[:] = [[draw(st.sampled_from([1.0, 10.0, 100.0])) for _ in range(D)]
+                                       for _ in range(D)]
+        np.fill_diagonal(c.latency_us, 0.0)
+        np.fill_diagonal(c.bandwidth_bytes_per_us, np.inf)
+        return CostModel(OpGraph.from_networkx(g), c, op_times=T)
+
+    return draw_model()
+
+
+def assignments(cm):
+    """Hypothesis strategy: a group assignment for ``cm``."""
+    from hypothesis import strategies as st
+
+    return st.lists(st.integers(0, cm.n_devices - 1), min_size=cm.graph.n_groups, max_size=cm.graph.n_groups)

@@ -8,10 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from costmodel import Cluster, CostModel, OpGraph, UserError, presets
+from costmodel import CostModel, OpGraph, UserError, presets
 from costmodel.incremental import IncrementalSimulator
 from search import Problem
 
+from .helpers import assignments, cost_models
 from .helpers import cluster as make_cluster
 
 
@@ -59,56 +60,19 @@ def test_moving_a_group_where_it_cannot_run_is_a_user_error():
 # ---------------------------------------------------------- property (hypothesis)
 @st.composite
 def problems(draw):
-    n = draw(st.integers(2, 22))
-    D = draw(st.integers(2, 4))
-    n_out = [draw(st.integers(1, 2)) for _ in range(n)]
-    edges = []
-    for v in range(1, n):
-        for u in draw(st.lists(st.integers(0, v - 1), max_size=3, unique=True)):
-            control = draw(st.booleans()) and draw(st.booleans())
-            edges.append((u, v, control, draw(st.integers(0, n_out[u] - 1))))
-    out_bytes = [draw(st.integers(0, 1000)) for _ in range(n)]
-    groups = [draw(st.integers(0, n - 1)) if draw(st.booleans()) else None for _ in range(n)]
-    # small integer times make simultaneous events (and zero-length ops) common
-    T = np.array([[draw(st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0])) for _ in range(D)] for _ in range(n)])
-    lat = np.array([[draw(st.sampled_from([0.0, 1.0, 2.0])) for _ in range(D)] for _ in range(D)])
-    bw = np.array([[draw(st.sampled_from([1.0, 10.0, 100.0])) for _ in range(D)] for _ in range(D)])
-    params = [draw(st.integers(0, 300)) for _ in range(n)]
-    memory = draw(st.sampled_from([1500, 3000, 1 << 30]))  # some placements run out of memory
-    assign = [draw(st.integers(0, D - 1)) for _ in range(n)]
-    moves = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, D - 1), st.booleans()),
+    # some placements run out of memory
+    cm = draw(cost_models(min_ops=2, max_ops=22, min_devices=2, max_param=300, memories=(1500, 3000, 1 << 30)))
+    n = cm.graph.n_ops
+    moves = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, cm.n_devices - 1), st.booleans()),
                           min_size=1, max_size=8))
-    checkpoints = draw(st.sampled_from([1, 3, 64]))
-    return n, D, n_out, edges, out_bytes, groups, T, lat, bw, params, memory, assign, moves, checkpoints
-
-
-def build(n, D, n_out, edges, out_bytes, groups, T, lat, bw, params, memory):
-    g = nx.DiGraph()
-    for v in range(n):
-        g.add_node(f"op{v}", op_type="Op", out_bytes=out_bytes[v], param_bytes=params[v],
-                   group=None if groups[v] is None else f"g{groups[v]}")
-    for u, v, control, k in edges:
-        a = {"control": True} if control else {"output": k, "bytes": (out_bytes[u] + 7 * k) // (k + 1)}
-        g.add_edge(f"op{u}", f"op{v}", **a)
-    graph = OpGraph.from_networkx(g)
-    c = Cluster.from_dict({
-        "name": "h",
-        "devices": [{"name": f"d{i}", "kind": "gpu", "memory_bytes": memory} for i in range(D)],
-        "links": {"default": {"latency_us": 1.0, "bandwidth_bytes_per_us": 1.0}},
-    })
-    c.latency_us[:] = lat
-    c.bandwidth_bytes_per_us[:] = bw
-    np.fill_diagonal(c.latency_us, 0.0)
-    np.fill_diagonal(c.bandwidth_bytes_per_us, np.inf)
-    return CostModel(graph, c, op_times=T)
+    return cm, draw(assignments(cm)), moves, draw(st.sampled_from([1, 3, 64]))
 
 
 @pytest.mark.slow
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_incremental_equals_full_simulation(args):
-    *spec, assign, moves, checkpoints = args
-    cm = build(*spec)
+    cm, assign, moves, checkpoints = args
     G, D = cm.graph.n_groups, cm.n_devices
     a = np.array(assign[:G], np.int32) % D
     inc = IncrementalSimulator(cm, a, checkpoints=checkpoints)

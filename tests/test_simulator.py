@@ -5,8 +5,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from costmodel import Cluster, CostModel, OpGraph, presets, reference
-from tests.helpers import cluster, nxgraph
+from costmodel import CostModel, OpGraph, presets, reference
+from tests.helpers import assignments, cluster, cost_models, nxgraph
 
 
 def model(nodes, edges, times, **cl):
@@ -134,54 +134,14 @@ def test_ready_ops_start_by_ready_time_then_topological_rank():
 # ------------------------------------------------------------- oracle (hypothesis)
 @st.composite
 def problems(draw):
-    n = draw(st.integers(1, 24))
-    D = draw(st.integers(1, 4))
-    n_out = [draw(st.integers(1, 2)) for _ in range(n)]
-    edges = []
-    for v in range(1, n):
-        for u in draw(st.lists(st.integers(0, v - 1), max_size=3, unique=True)):
-            control = draw(st.booleans()) and draw(st.booleans())
-            edges.append((u, v, control, draw(st.integers(0, n_out[u] - 1))))
-    out_bytes = [draw(st.integers(0, 1000)) for _ in range(n)]
-    groups = [draw(st.integers(0, max(0, n - 1))) if draw(st.booleans()) else None for _ in range(n)]
-    # small integer times make simultaneous events (and zero-length ops) common
-    T = np.array([[draw(st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0])) for _ in range(D)] for _ in range(n)])
-    lat = np.array([[draw(st.sampled_from([0.0, 1.0, 2.0])) for _ in range(D)] for _ in range(D)])
-    bw = np.array([[draw(st.sampled_from([1.0, 10.0, 100.0])) for _ in range(D)] for _ in range(D)])
-    assign = [draw(st.integers(0, D - 1)) for _ in range(n)]
-    params = [draw(st.integers(0, 50)) for _ in range(n)]
-    return n, D, n_out, edges, out_bytes, groups, T, lat, bw, assign, params
-
-
-def build(n, D, n_out, edges, out_bytes, groups, T, lat, bw, assign, params):
-    import networkx as nx
-
-    g = nx.DiGraph()
-    for v in range(n):
-        g.add_node(f"op{v}", op_type="Op", out_bytes=out_bytes[v], param_bytes=params[v],
-                   group=None if groups[v] is None else f"g{groups[v]}")
-    for u, v, control, k in edges:
-        a = {"control": True} if control else {"output": k, "bytes": (out_bytes[u] + 7 * k) // (k + 1)}
-        g.add_edge(f"op{u}", f"op{v}", **a)
-    graph = OpGraph.from_networkx(g)
-    c = Cluster.from_dict({
-        "name": "h",
-        "devices": [{"name": f"d{i}", "kind": "gpu", "memory_bytes": 10_000} for i in range(D)],
-        "links": {"default": {"latency_us": 1.0, "bandwidth_bytes_per_us": 1.0}},
-    })
-    c.latency_us[:] = lat
-    c.bandwidth_bytes_per_us[:] = bw
-    np.fill_diagonal(c.latency_us, 0.0)
-    np.fill_diagonal(c.bandwidth_bytes_per_us, np.inf)
-    cm = CostModel(graph, c, op_times=T)
-    placement = graph.to_placement(np.array(assign[: graph.n_groups]) % D)
-    return cm, placement
+    cm = draw(cost_models())
+    return cm, cm.graph.to_placement(np.array(draw(assignments(cm)), np.int32))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_compiled_equals_reference(args):
-    cm, p = build(*args)
+    cm, p = args
     r = cm.simulate(p, trace=True)
     ref = reference.simulate(cm.graph, cm.T, p, cm.cluster.latency_us, cm.cluster.bandwidth_bytes_per_us)
     assert r.step_time_us == ref.step_time_us

@@ -85,7 +85,7 @@ def test_grid_is_the_product_with_per_method_options(tmp_path):
 def test_relative_paths_are_taken_from_the_sweep_folder(tmp_path, monkeypatch):
     (tmp_path / "sub").mkdir()
     write(tmp_path / "sub" / "tiny.toml", TINY_CLUSTER)
-    f = write(tmp_path / "sub" / "s.toml", GRID.replace('clusters = ["k80x2"]', 'clusters = ["tiny.toml"]'))
+    write(tmp_path / "sub" / "s.toml", GRID.replace('clusters = ["k80x2"]', 'clusters = ["tiny.toml"]'))
     monkeypatch.chdir(tmp_path)
     sw = load_sweep("sub/s.toml")
     assert sw.sources["cluster", "tiny.toml"] == str((tmp_path / "sub" / "tiny.toml").resolve())
