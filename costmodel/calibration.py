@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UserError, atomic_write
+from .errors import UserError, atomic_write, read_json
 
 FORMAT = "placetool.profile"
 VERSION = 1
@@ -313,10 +313,4 @@ def _dispatch(d, source) -> dict:
 def load_profile(path) -> Profile:
     """Read a profile JSON file; errors name the file and field."""
     path = Path(path)
-    try:
-        d = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: no such profile file") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ProfileError(f"{path}: not valid JSON ({e})") from None
-    return Profile.from_dict(d, source=str(path))
+    return Profile.from_dict(read_json(path, "profile", ProfileError), source=str(path))

@@ -27,3 +27,18 @@ def atomic_write(path, data: bytes | str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_json(path, what: str, error=UserError):
+    """Parse a JSON file; a missing or malformed file raises ``error`` naming it."""
+    import json
+
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what} file") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a folder, not a {what} file") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise error(f"{path}: not valid JSON ({e})") from None

@@ -9,14 +9,13 @@ True
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from . import kernels
-from .errors import UserError
+from .errors import UserError, read_json
 from .profile import op_time_matrix
 
 
@@ -326,12 +325,7 @@ class CostModel:
     def load_placement(self, path) -> np.ndarray:
         """Read a placement JSON file and check it matches this graph and cluster."""
         path = Path(path)
-        try:
-            d = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise PlacementError(f"{path}: no such placement file") from None
-        except (ValueError, UnicodeDecodeError) as e:
-            raise PlacementError(f"{path}: not valid JSON ({e})") from None
+        d = read_json(path, "placement", PlacementError)
         if not isinstance(d, dict) or not isinstance(d.get("devices"), dict):
             raise PlacementError(f"{path}: expected an object with a 'devices' table of op -> device")
         try:
