@@ -377,6 +377,13 @@ class OpGraph:
         return (np.arange(nt) - first).astype(np.int32)
 
     @cached_property
+    def successors(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ptr, dst): op v's successors over all edges are dst[ptr[v]:ptr[v+1]]."""
+        order = np.argsort(self.edge_src, kind="stable")
+        ptr = np.searchsorted(self.edge_src[order], np.arange(self.n_ops + 1)).astype(np.int64)
+        return ptr, np.ascontiguousarray(self.edge_dst[order], np.int64)
+
+    @cached_property
     def csr(self) -> "GraphCSR":
         """Adjacency in the compressed layouts the simulator kernels read."""
         return GraphCSR.build(self)

@@ -300,9 +300,7 @@ class CostModel:
         if g.n_ops == 0:
             return 0.0
         fastest = self.T.min(axis=1)
-        order = np.argsort(g.edge_src, kind="stable")
-        ptr = np.searchsorted(g.edge_src[order], np.arange(g.n_ops + 1)).astype(np.int64)
-        cp = kernels.critical_path(g.topo_order, fastest, ptr, np.ascontiguousarray(g.edge_dst[order]))
+        cp = kernels.critical_path(g.topo_order, fastest, *g.successors)
         return float(max(cp, fastest.sum() / self.n_devices))
 
     # ----------------------------------------------------------- files

@@ -39,10 +39,7 @@ def _depth(order, ptr, succ):
 
 def op_depth(graph) -> np.ndarray:
     """Topological depth of every op (sources are 0)."""
-    o = np.argsort(graph.edge_src, kind="stable")
-    ptr = np.searchsorted(graph.edge_src[o], np.arange(graph.n_ops + 1)).astype(np.int64)
-    return _depth(np.ascontiguousarray(graph.topo_order, np.int64), ptr,
-                  np.ascontiguousarray(graph.edge_dst[o], np.int64))
+    return _depth(np.ascontiguousarray(graph.topo_order, np.int64), *graph.successors)
 
 
 def depth_stages(problem, n_stages: int) -> np.ndarray:
