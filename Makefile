@@ -1,5 +1,5 @@
 # Quick start on a fresh machine: `make demo`, then `make test`.
-# Both create .venv and install placetool into it on first use.
+# Both create .venv and install placetool (with its TensorFlow extra) into it on first use.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[tf,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -31,4 +31,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/incremental.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache

@@ -58,7 +58,7 @@ def parse_graph(s: str):
 
 def candidate_placements(cm, n_random: int, seed: int, log):
     """[(label, per-op placement)]: single devices, search methods, random assignments."""
-    from search import Budget, Problem, run
+    from placetool.search import Budget, Problem, run
 
     g, cl = cm.graph, cm.cluster
     out, seen = [], set()
@@ -115,11 +115,11 @@ def main(argv=None) -> int:
     import keras
     from scipy.stats import kendalltau
 
-    from costmodel import CostModel
-    from costmodel.tf.calibrate import calibrate
-    from costmodel.tf.importer import trace
-    from costmodel.tf.runner import measure
-    from costmodel.tf.testbed import ClusterSpec, Testbed
+    from placetool.costmodel import CostModel
+    from placetool.costmodel.tf.calibrate import calibrate
+    from placetool.costmodel.tf.importer import trace
+    from placetool.costmodel.tf.runner import measure
+    from placetool.costmodel.tf.testbed import ClusterSpec, Testbed
 
     graphs = a.graph or DEFAULT_GRAPHS
     traced = []
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
         if a.cluster_spec:
             spec = ClusterSpec.load(a.cluster_spec)
         elif a.local:
-            from costmodel.tf.runner import local_spec
+            from placetool.costmodel.tf.runner import local_spec
 
             spec = local_spec()
         else:

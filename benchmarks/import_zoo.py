@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 def bench_import(model: str, repeat: int) -> dict:
     t = time.perf_counter()
-    from costmodel.tf.importer import _tf, trace
+    from placetool.costmodel.tf.importer import _tf, trace
 
     _tf()
     tf_import = time.perf_counter() - t
@@ -48,8 +48,8 @@ def bench_import(model: str, repeat: int) -> dict:
 
 
 def zoo_table() -> list[dict]:
-    from costmodel.graph import load
-    from costmodel.presets import data_dir
+    from placetool.costmodel.graph import load
+    from placetool.costmodel.presets import data_dir
 
     rows = []
     for p in sorted((data_dir() / "graphs").glob("*.npz"), key=lambda p: p.stat().st_size):

@@ -51,9 +51,9 @@ def chunks_assignment(problem) -> np.ndarray:
 
 
 def bench(graph: str, cluster: str, base: str, moves: int, seed: int) -> dict:
-    from costmodel import CostModel, presets
-    from costmodel.incremental import IncrementalSimulator
-    from search import Problem
+    from placetool.costmodel import CostModel, presets
+    from placetool.costmodel.incremental import IncrementalSimulator
+    from placetool.search import Problem
 
     cm = CostModel(presets.load_graph(graph), presets.load_cluster(cluster))
     pr = Problem(cm)

@@ -29,8 +29,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from costmodel import CostModel, presets  # noqa: E402
-from search import Budget, Problem, SearchError, run  # noqa: E402
+from placetool.costmodel import CostModel, presets  # noqa: E402
+from placetool.search import Budget, Problem, SearchError, run  # noqa: E402
 
 DEFAULT_GRAPHS = ("nmt", "inception_v3", "gnmt4")
 FALLBACK = {"nmt": "synthetic-2000", "inception_v3": "synthetic-5000", "gnmt4": "synthetic-10k"}
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
 
     policy_dir = None
     if a.pretrain_seconds > 0:
-        from cli.main import main as cli_main
+        from placetool.cli.main import main as cli_main
 
         train = [g for g in PRETRAIN if g in have and g not in graphs] or ["synthetic-500", "synthetic-800"]
         policy_dir = tempfile.mkdtemp(prefix="gdp-")

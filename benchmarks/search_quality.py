@@ -5,7 +5,7 @@
     python benchmarks/search_quality.py --json           # {"rows": [...], "summary": {...}}
 
 Graphs: the zoo graphs ``nmt``, ``gnmt4``, ``inception_v3``, ``rnnlm``, ``transformer``
-where ``data/graphs`` has them (``costmodel.presets.list_graphs()``), synthetic graphs
+where ``data/graphs`` has them (``placetool.costmodel.presets.list_graphs()``), synthetic graphs
 otherwise. Clusters: ``k80x2``, ``k80x4``, ``k40x4``, ``k40x8``. Every registered method
 (``rl`` only with ``--with-rl``) runs on the same Problem with the same budget: search
 methods (sa, tpe, random) spend it all, one-shot methods (baselines, partitioners, list
@@ -29,7 +29,7 @@ SEARCHERS = {"sa", "tpe", "random", "rl"}  # spend the whole budget
 
 
 def pick_graphs(requested, quick):
-    from costmodel import presets
+    from placetool.costmodel import presets
 
     have = set(presets.list_graphs())
     if requested:
@@ -42,7 +42,7 @@ def pick_graphs(requested, quick):
 
 
 def pick_methods(requested, with_rl):
-    import search
+    from placetool import search
 
     names = requested.split(",") if requested else [m for m in search.methods() if with_rl or m != "rl"]
     ok, skipped = [], {}
@@ -58,8 +58,8 @@ def pick_methods(requested, with_rl):
 
 
 def run_instance(graph, cluster, methods, seconds, seed):
-    from costmodel import CostModel, presets
-    from search import Budget, Problem, run
+    from placetool.costmodel import CostModel, presets
+    from placetool.search import Budget, Problem, run
 
     g = presets.load_graph(graph)
     cm = CostModel(g, presets.load_cluster(cluster))
@@ -184,7 +184,7 @@ def main(argv=None):
                               "skipped_methods": skipped, "missing_graphs": missing, "rows": rows,
                               "summary": summary, "goal": goal}), allow_nan=False, default=float)
     if a.save:
-        from costmodel.errors import atomic_write
+        from placetool.costmodel.errors import atomic_write
 
         atomic_write(a.save, doc + "\n")
     if a.json:

@@ -49,8 +49,8 @@ def timed(fn, reps: int, clock=time.process_time) -> float:
 def bench_graph(name: str, cluster: str, ref_reps: int, reps: int, batch: int) -> dict:
     import numba
 
-    from costmodel import CostModel, presets, reference
-    from search import Problem
+    from placetool.costmodel import CostModel, presets, reference
+    from placetool.search import Problem
 
     g = presets.load_graph(name)
     cl = presets.load_cluster(cluster)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from search.store import ResultStore  # noqa: E402
-from search.sweep import cpu_count, parse_sweep, run_one, run_sweep  # noqa: E402
+from placetool.search.store import ResultStore  # noqa: E402
+from placetool.search.sweep import cpu_count, parse_sweep, run_one, run_sweep  # noqa: E402
 
 
 def grid(seeds: int, evals: int):

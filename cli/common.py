@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from costmodel.errors import UserError, atomic_write
+from placetool.costmodel.errors import UserError, atomic_write
 
 DEFAULT_GRAPH = "synthetic-1k"
 DEFAULT_CLUSTER = "k80x4"
@@ -28,13 +28,13 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print one JS
 
 def load_problem(graph: str, cluster: str, profile: str | None = None):
     """(graph, cluster, CostModel) from names or paths; UserError on bad input."""
-    from costmodel import CostModel, presets
+    from placetool.costmodel import CostModel, presets
 
     g = presets.load_graph(graph)
     c = presets.load_cluster(cluster)
     prof = None
     if profile:
-        from costmodel.calibration import load_profile
+        from placetool.costmodel.calibration import load_profile
 
         prof = load_profile(profile)
     return g, c, CostModel(g, c, profile=prof)

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from costmodel.errors import UserError
+from placetool.costmodel.errors import UserError
 
 from .common import check_writable, emit_json, fmt_us, json_option
 
@@ -62,7 +62,7 @@ def parse_zoo_args(items) -> dict:
 
 def planned_spec(testbed_n, testbed_device, cluster_spec, local):
     """The devices a command will use, known before anything starts (for early checks)."""
-    from costmodel.tf.testbed import ClusterSpec, Testbed, TestbedError, default_state_path
+    from placetool.costmodel.tf.testbed import ClusterSpec, Testbed, TestbedError, default_state_path
 
     chosen = [x for x in (testbed_n, cluster_spec, local or None) if x]
     if len(chosen) > 1:
@@ -72,7 +72,7 @@ def planned_spec(testbed_n, testbed_device, cluster_spec, local):
     if cluster_spec:
         return ClusterSpec.load(cluster_spec)
     if local:
-        from costmodel.tf.runner import local_spec
+        from placetool.costmodel.tf.runner import local_spec
 
         return local_spec()
     if default_state_path().exists():
@@ -95,7 +95,7 @@ def check_cluster_matches(cl, spec) -> None:
 @contextlib.contextmanager
 def devices(testbed_n, testbed_device, cluster_spec, local, timeout_s, log=None):
     """Yield the ClusterSpec to measure on; a ``--testbed`` one is stopped afterwards."""
-    from costmodel.tf.testbed import Testbed
+    from placetool.costmodel.tf.testbed import Testbed
 
     if testbed_n:
         if log:
@@ -126,7 +126,7 @@ def testbed():
 @json_option
 def testbed_up(workers, device, timeout_s, state, as_json):
     """Start the workers in the background and record them in the state file."""
-    from costmodel.tf.testbed import Testbed, TestbedError, default_state_path
+    from placetool.costmodel.tf.testbed import Testbed, TestbedError, default_state_path
 
     path = Path(state or default_state_path())
     if path.exists():
@@ -158,7 +158,7 @@ def testbed_up(workers, device, timeout_s, state, as_json):
 @json_option
 def testbed_down(state, as_json):
     """Stop the workers recorded in the state file."""
-    from costmodel.tf.testbed import Testbed, default_state_path
+    from placetool.costmodel.tf.testbed import Testbed, default_state_path
 
     path = Path(state or default_state_path())
     tb = Testbed.from_state(path)
@@ -176,7 +176,7 @@ def testbed_down(state, as_json):
 @json_option
 def testbed_status(state, as_json):
     """Show each worker: address, pid, alive, listening."""
-    from costmodel.tf.testbed import Testbed, default_state_path
+    from placetool.costmodel.tf.testbed import Testbed, default_state_path
 
     path = Path(state or default_state_path())
     if not path.exists():
@@ -223,8 +223,8 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
     check_writable(out)
     check_writable(cluster_out)
     planned_spec(testbed_n, testbed_device, cluster_spec, local) if not testbed_n else None
-    from costmodel.tf.calibrate import DEFAULT_SIZES, calibrate as run_calibration
-    from costmodel.tf.importer import trace
+    from placetool.costmodel.tf.calibrate import DEFAULT_SIZES, calibrate as run_calibration
+    from placetool.costmodel.tf.importer import trace
 
     log = _log(quiet or as_json)
     kw = parse_zoo_args(zoo_args)
@@ -280,8 +280,8 @@ def predict(cm, profile, p) -> tuple[float, float]:
 def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster, testbed_n, timeout_s,
            testbed_device, cluster_spec, local, steps, warmup, as_json):
     """Run a placement for real and compare its measured step time with the prediction."""
-    from costmodel import CostModel, presets
-    from costmodel.calibration import load_profile
+    from placetool.costmodel import CostModel, presets
+    from placetool.costmodel.calibration import load_profile
 
     from .simulate import parse_placement
 
@@ -294,8 +294,8 @@ def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster
         raise UserError("verify needs --profile (from placetool calibrate) or --cluster for its prediction")
     spec0 = planned_spec(testbed_n, testbed_device, cluster_spec, local)
     check_cluster_matches(cl, spec0)
-    from costmodel.tf.importer import trace
-    from costmodel.tf.runner import check_placement, measure
+    from placetool.costmodel.tf.importer import trace
+    from placetool.costmodel.tf.runner import check_placement, measure
 
     t = trace(source, mode=mode, batch=batch, optimizer=optimizer, **parse_zoo_args(zoo_args))
     cm = CostModel(t.graph, cl, profile=prof)

@@ -24,12 +24,12 @@ from .common import check_writable, emit_json, json_option
 def import_cmd(source, out, mode, batch, optimizer, name, as_json):
     """Import SOURCE into a graph file.
 
-    SOURCE is a zoo name (python -m costmodel.tf.zoo --help), module:function returning a
+    SOURCE is a zoo name (python -m placetool.costmodel.tf.zoo --help), module:function returning a
     Keras model (importable from the current directory), a SavedModel directory, or a
     GraphDef file (.pb/.pbtxt).
     """
     check_writable(out)
-    from costmodel.tf.importer import import_graph
+    from placetool.costmodel.tf.importer import import_graph
 
     t = time.perf_counter()
     g = import_graph(source, mode=mode, batch=batch, optimizer=optimizer,

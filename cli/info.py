@@ -12,7 +12,7 @@ from collections import Counter
 import click
 import numpy as np
 
-from costmodel.errors import UserError
+from placetool.costmodel.errors import UserError
 
 from .common import emit_json, json_option
 
@@ -43,7 +43,7 @@ def graph_info(g, top: int = 10) -> dict:
 
 
 def list_info() -> dict:
-    from costmodel import presets
+    from placetool.costmodel import presets
 
     graphs = []
     gdir = presets.data_dir() / "graphs"
@@ -98,7 +98,7 @@ def info(graph, list_, top, as_json):
         for c in d["clusters"]:
             click.echo(f"  {c['name']:<16} {', '.join(c.get('devices', [])) or c.get('error')}")
         return
-    from costmodel import presets
+    from placetool.costmodel import presets
 
     g = presets.load_graph(graph)
     d = graph_info(g, top)

@@ -12,20 +12,20 @@ import sys
 
 import click
 
-from costmodel.errors import UserError
+from placetool.costmodel.errors import UserError
 
 # name -> "module:attribute"; a module that is not there yet is simply not listed.
 COMMANDS = {
-    "simulate": "cli.simulate:simulate",
-    "info": "cli.info:info",
-    "import": "cli.importer:import_cmd",
-    "search": "cli.search:search",
-    "calibrate": "cli.hardware:calibrate",
-    "verify": "cli.hardware:verify",
-    "testbed": "cli.hardware:testbed",
-    "sweep": "cli.sweep:sweep",
-    "report": "cli.sweep:report",
-    "rl": "cli.rl:rl",
+    "simulate": "placetool.cli.simulate:simulate",
+    "info": "placetool.cli.info:info",
+    "import": "placetool.cli.importer:import_cmd",
+    "search": "placetool.cli.search:search",
+    "calibrate": "placetool.cli.hardware:calibrate",
+    "verify": "placetool.cli.hardware:verify",
+    "testbed": "placetool.cli.hardware:testbed",
+    "sweep": "placetool.cli.sweep:sweep",
+    "report": "placetool.cli.sweep:report",
+    "rl": "placetool.cli.rl:rl",
 }
 
 

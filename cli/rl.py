@@ -12,7 +12,7 @@ import time
 
 import click
 
-from costmodel.errors import UserError
+from placetool.costmodel.errors import UserError
 
 from .common import check_writable, emit_json, fmt_us, json_option
 
@@ -48,8 +48,8 @@ def pretrain(graphs, clusters, out, policy, steps, seconds, samples, seed, logdi
     The per-problem residual logits are off here, so everything the policy learns is in
     weights that transfer to graphs it has not seen.
     """
-    from costmodel import CostModel, presets
-    from search.base import Problem
+    from placetool.costmodel import CostModel, presets
+    from placetool.search.base import Problem
 
     check_writable(out.rstrip("/"))  # its parent must exist; OUT itself is created
     graphs, clusters = _names(graphs), _names(clusters)
@@ -64,9 +64,9 @@ def pretrain(graphs, clusters, out, policy, steps, seconds, samples, seed, logdi
                         f"a policy places on one number of devices")
     if steps is not None and steps < 1:
         raise UserError(f"rl pretrain: --steps must be >= 1, got {steps}")
-    from rl import policies
-    from rl.tfutil import set_seed, tf
-    from rl.trainer import TrainConfig, Trainer
+    from placetool.rl import policies
+    from placetool.rl.tfutil import set_seed, tf
+    from placetool.rl.trainer import TrainConfig, Trainer
 
     tf()
     set_seed(seed)

@@ -19,7 +19,7 @@ COMPARE_WITH = ("single", "expert")
 
 def _method_doc(name: str) -> str:
     """First line of a method's docstring; never imports TensorFlow (rl is named only)."""
-    import search
+    from placetool import search
 
     if name == "rl":
         return "REINFORCE placement policies (TensorFlow; see `placetool rl`)"
@@ -32,7 +32,7 @@ def _method_doc(name: str) -> str:
 
 
 def _list_methods(as_json: bool) -> None:
-    import search
+    from placetool import search
 
     names = search.methods()
     if as_json:
@@ -45,7 +45,7 @@ def _list_methods(as_json: bool) -> None:
 def _method_options(fn, name: str, given: dict) -> dict:
     """Keyword options for the method: only those the user gave; an option the method
     does not take is a user error naming the flag."""
-    from search import SearchError
+    from placetool.search import SearchError
 
     if not given:
         return {}
@@ -123,7 +123,7 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     communication, fastest devices). Exit status 1 if the best placement found does
     not fit in memory.
     """
-    import search as S
+    import placetool.search as S
 
     if list_only or method == "list":
         _list_methods(as_json)
@@ -201,7 +201,7 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
 
 def _check_verify_options(g, cl, testbed_n, cluster_spec, local) -> None:
     """Fail before the search if the hardware check cannot run."""
-    from costmodel.errors import UserError
+    from placetool.costmodel.errors import UserError
 
     from .hardware import check_cluster_matches, planned_spec
 
@@ -213,14 +213,14 @@ def _check_verify_options(g, cl, testbed_n, cluster_spec, local) -> None:
 
 
 def _zoo_names() -> list[str]:
-    from costmodel.tf import zoo
+    from placetool.costmodel.tf import zoo
 
     return list(zoo.ZOO)
 
 
 def _verify(g, cl, cm, result, k, testbed_n, cluster_spec, local, quiet) -> dict:
     """Measure the k best placements seen; the measured best is the answer."""
-    from costmodel.tf.runner import verify_top
+    from placetool.costmodel.tf.runner import verify_top
 
     from .hardware import planned_spec
 

@@ -7,7 +7,7 @@ import re
 import click
 import numpy as np
 
-from costmodel.errors import UserError
+from placetool.costmodel.errors import UserError
 
 from .common import (check_writable, cluster_option, emit_json, fmt_us, graph_option,
                      json_option, load_problem, write_json)

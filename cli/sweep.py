@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from costmodel.errors import UserError
+from placetool.costmodel.errors import UserError
 
 from .common import check_writable, emit_json, json_option, progress
 
@@ -35,8 +35,8 @@ def sweep(sweep_file, results, workers, dask, scheduler, scheduler_file, placeme
     recorded as failed with its error; the exit status is 1 if any run of this
     invocation failed. See docs/sweeps.md for the file format and Slurm/PBS recipes.
     """
-    from search.store import ResultStore
-    from search.sweep import SweepError, load_sweep, run_sweep
+    from placetool.search.store import ResultStore
+    from placetool.search.sweep import SweepError, load_sweep, run_sweep
 
     if sum(bool(x) for x in (dask, scheduler, scheduler_file)) > 1:
         raise SweepError("give at most one of --dask, --scheduler, --scheduler-file")
@@ -85,7 +85,7 @@ def sweep(sweep_file, results, workers, dask, scheduler, scheduler_file, placeme
 
     client = None
     if scheduler or scheduler_file:  # connect before touching the results file
-        from search.sweep import connect_dask
+        from placetool.search.sweep import connect_dask
 
         client, _ = connect_dask(scheduler=scheduler, scheduler_file=scheduler_file)
     try:
@@ -142,7 +142,7 @@ def report(results, out_dir, html, no_gantt, as_json):
     """Tables and plots from a sweep's RESULTS store: method x graph step times
     (mean ± std over seeds, relative to the lower bound and to the expert), method
     comparison, convergence curves and the Gantt timeline of each graph's best placement."""
-    from search.report import build_report, tables
+    from placetool.search.report import build_report, tables
 
     if not Path(results).is_file():
         raise UserError(f"{results}: no such results file")

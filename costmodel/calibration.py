@@ -1,8 +1,8 @@
 """Measured profiles: per-op medians, per-op-type fits, link fits (no TensorFlow here).
 
-A profile is written by ``placetool calibrate`` (:mod:`costmodel.tf.calibrate`) and read
+A profile is written by ``placetool calibrate`` (:mod:`placetool.costmodel.tf.calibrate`) and read
 by :func:`load_profile`; :meth:`Profile.op_times` turns it into ``T[op, device]`` with
-NaN where it knows nothing, and :func:`costmodel.profile.op_time_matrix` fills the NaNs
+NaN where it knows nothing, and :func:`placetool.costmodel.profile.op_time_matrix` fills the NaNs
 from the datasheet roofline. Order of trust for an op on a device of kind K:
 
 1. a measured median for this graph and op name on kind K, if the op still has the same
@@ -233,7 +233,7 @@ class Profile:
         return float(self.step_overhead_us[k])
 
     def cluster(self):
-        """The calibrated cluster stored in the profile (a :class:`costmodel.Cluster`)."""
+        """The calibrated cluster stored in the profile (a :class:`placetool.costmodel.Cluster`)."""
         from .cluster import Cluster
 
         if not self.cluster_dict:

@@ -1,6 +1,6 @@
 """Numba kernels of the incremental (delta) simulator.
 
-The loop is :func:`costmodel.kernels.simulate_into`'s, event for event (same heaps, same
+The loop is :func:`placetool.costmodel.kernels.simulate_into`'s, event for event (same heaps, same
 keys, same float expressions), with its state kept in caller-owned arrays so that it can
 be *saved* at checkpoints during a base run, *restored* under a different placement,
 and *compared* against a base checkpoint to stop early once the two runs have

@@ -1,7 +1,7 @@
 """Numba kernels of the critical-path simulator.
 
-Same semantics as :mod:`costmodel.reference` (read its docstring), bit for bit. Only
-arrays go in and out: the graph as CSR arrays (:class:`costmodel.graph.GraphCSR`),
+Same semantics as :mod:`placetool.costmodel.reference` (read its docstring), bit for bit. Only
+arrays go in and out: the graph as CSR arrays (:class:`placetool.costmodel.graph.GraphCSR`),
 op times ``T[op, device]``, link matrices and the placement. Heaps are arrays of ints
 ordered by a parallel key array; the per-device ready heaps share one buffer, sliced by
 how many ops each device holds.

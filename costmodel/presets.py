@@ -1,7 +1,7 @@
 """Bundled data: graphs and clusters by name, or from a path.
 
-Names resolve in this order: an existing path; ``data/graphs/NAME.npz`` (or
-``data/clusters/NAME.toml``); for graphs, ``synthetic-1k``, ``synthetic-10k``,
+Names resolve in this order: an existing path; the bundled ``graphs/NAME.npz`` (or
+``clusters/NAME.toml``) of :mod:`placetool.data`; for graphs, ``synthetic-1k``, ``synthetic-10k``,
 ``synthetic-50k`` (or ``synthetic-N``), generated deterministically on load.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from importlib import resources
 from pathlib import Path
 
 from . import cluster as _cluster
@@ -24,9 +25,9 @@ class UnknownName(UserError):
 
 
 def data_dir() -> Path:
-    """The bundled data folder (override with PLACETOOL_DATA)."""
+    """The bundled data folder, ``placetool.data`` (override with PLACETOOL_DATA)."""
     env = os.environ.get("PLACETOOL_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "data"
+    return Path(env) if env else Path(str(resources.files("placetool.data")))
 
 
 def list_graphs() -> list[str]:

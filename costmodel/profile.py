@@ -1,7 +1,7 @@
 """Op-cost tables: turn (graph, cluster, profile) into ``T[op, device]`` in microseconds.
 
 Sources, best first: a measured profile (per-op medians, then per-op-type fits; see
-:mod:`costmodel.calibration`), then the device's datasheet roofline::
+:mod:`placetool.costmodel.calibration`), then the device's datasheet roofline::
 
     T = launch_overhead_us + max(flops / peak_flops_per_us,
                                  (in_bytes + out_bytes) / memory_bandwidth_bytes_per_us)
@@ -33,7 +33,7 @@ def op_time_matrix(graph, cluster, profile=None) -> np.ndarray:
     """``T[op, device]`` in µs: measured, then fitted, then roofline; ``inf`` where no kernel.
 
     ``profile`` is anything with ``op_times(graph, cluster) -> (ops x devices)`` array
-    holding NaN where it knows nothing (see :class:`costmodel.calibration.Profile`).
+    holding NaN where it knows nothing (see :class:`placetool.costmodel.calibration.Profile`).
     """
     T = roofline_times(graph, cluster)
     if profile is not None:

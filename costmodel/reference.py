@@ -1,6 +1,6 @@
 """The reference simulator: plain Python, written to be obviously right.
 
-It is the oracle for the compiled kernel in :mod:`costmodel.kernels`; both must return
+It is the oracle for the compiled kernel in :mod:`placetool.costmodel.kernels`; both must return
 bit-identical numbers. The semantics (see DESIGN.md, "The simulator"):
 
 - Time advances from event to event (op finished, transfer finished). At each instant,

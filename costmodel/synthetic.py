@@ -92,5 +92,5 @@ def layered(n_ops: int, seed: int = 0, width: int | None = None, name: str | Non
         group=group,
         allowed=allowed,
         layer=np.minimum(layer * 8 // n_layers, 7),
-        meta={"generator": "costmodel.synthetic.layered", "seed": seed, "width": width},
+        meta={"generator": "placetool.costmodel.synthetic.layered", "seed": seed, "width": width},
     )

@@ -1,7 +1,7 @@
 """The placement problem as a ``gymnasium.Env``, for other RL libraries.
 
 One episode places every colocation group once, in topological order: **one step per
-group**. The observation at step t is the group's features (:mod:`rl.features`), the
+group**. The observation at step t is the group's features (:mod:`placetool.rl.features`), the
 fraction of the graph's compute time placed on each device so far, and t / groups. The
 action is a device index; ``info["action_mask"]`` says which devices the group may use
 (for maskable algorithms). Rewards are 0 until the last step, which gets
@@ -25,7 +25,7 @@ from .features import TYPE_BUCKETS, group_features
 
 
 class PlacementEnv(gym.Env):
-    """Place the groups of ``problem`` (a :class:`search.Problem`) one by one."""
+    """Place the groups of ``problem`` (a :class:`placetool.search.Problem`) one by one."""
 
     metadata = {"render_modes": []}
 

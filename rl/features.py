@@ -67,7 +67,7 @@ class AtomGraph:
 
 
 def group_features(problem) -> AtomGraph:
-    """One atom per colocation group of ``problem`` (a :class:`search.Problem`)."""
+    """One atom per colocation group of ``problem`` (a :class:`placetool.search.Problem`)."""
     g = problem.graph
     G, D = problem.n_groups, problem.n_devices
     grp = g.group

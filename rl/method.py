@@ -9,7 +9,7 @@ earlier run's ``logdir``: fine-tune it, or with ``--budget-evals 1`` place zero-
 policy's residual logits at the best of them; False: learn from the compute-time prior
 alone), plus policy knobs
 (``hidden``, ``max_groups``, ``n_groups``, ``tanh_c``, ``temperature``) and trainer knobs
-(see :class:`rl.trainer.TrainConfig`).
+(see :class:`placetool.rl.trainer.TrainConfig`).
 
 The budget is the search budget: every sampled placement is one evaluation. The method's
 own default, :data:`DEFAULT_BUDGET` (about 2 minutes on 2 cores), is what the demo uses.
@@ -21,7 +21,7 @@ import inspect
 
 import numpy as np
 
-from search.base import Budget, SearchError, register
+from placetool.search.base import Budget, SearchError, register
 
 DEFAULT_POLICY = "gdp"
 #: what ``placetool search --method rl`` should run with when the user gives no budget
@@ -82,13 +82,13 @@ def _warm_start(pol, problem, budget, seed, tracker):
     """Residual tables that start the policy near the best cheap placement.
 
     Like ``sa`` and ``tpe``, the cheap baselines and list schedulers registered in
-    :data:`search.annealing.DEFAULT_SEEDS` are scored first (through the tracker, so they
+    :data:`placetool.search.annealing.DEFAULT_SEEDS` are scored first (through the tracker, so they
     count against the budget, with at most 20% of a time budget); each atom's device is
     the most common device of its groups in the best of them. Returns (tables or None,
     name of the seed used or None).
     """
     try:
-        from search.annealing import seed_assignments
+        from placetool.search.annealing import seed_assignments
     except ImportError:
         return None, None
     seeds, _ = seed_assignments(problem, budget, seed, tracker, share=0.2)

@@ -1,6 +1,6 @@
 """Placement policies in TensorFlow: ``seq2seq``, ``hierarchical`` and ``gdp``.
 
-Every policy places *atoms* (see :mod:`rl.features`) on the devices of one cluster and
+Every policy places *atoms* (see :mod:`placetool.rl.features`) on the devices of one cluster and
 has the same interface, which the REINFORCE trainer drives:
 
 - ``atoms_for(problem)``: featurise a problem the way this policy wants it;
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.errors import UserError, atomic_write
+from placetool.costmodel.errors import UserError, atomic_write
 
 from .features import N_BASE, AtomGraph, featurize
 from .tfutil import tf as _tf
@@ -374,7 +374,7 @@ class Seq2Seq(Policy):
     decoder emitting one device per atom, atoms in topological order.
 
     Atoms are colocation groups coarsened to at most ``max_groups`` (default 256)
-    topological chunks (see :func:`rl.features.coarsen`).
+    topological chunks (see :func:`placetool.rl.features.coarsen`).
     """
 
     kind = "seq2seq"

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.errors import UserError
-from search.base import BudgetExhausted
+from placetool.costmodel.errors import UserError
+from placetool.search.base import BudgetExhausted
 
 from .tfutil import tf as _tf
 

@@ -2,7 +2,7 @@
 
 Every method is reached by name through one registry::
 
-    from search import Problem, Budget, run, methods
+    from placetool.search import Problem, Budget, run, methods
     result = run("sa", Problem(cost_model), Budget(seconds=10), seed=0)
 """
 
@@ -12,17 +12,17 @@ from . import baselines  # noqa: F401  (registers single, round-robin, random)
 
 # Methods whose modules load on first use (heavy imports, or TensorFlow).
 for _name, _module in {
-    "expert": "search.expert",
-    "metis": "search.partition",
-    "mincut": "search.partition",
-    "heft": "search.listsched",
-    "m-topo": "search.listsched",
-    "m-etf": "search.listsched",
-    "m-sct": "search.listsched",
-    "critical-path": "search.listsched",
-    "sa": "search.annealing",
-    "tpe": "search.tpe",
-    "rl": "rl.method",
+    "expert": "placetool.search.expert",
+    "metis": "placetool.search.partition",
+    "mincut": "placetool.search.partition",
+    "heft": "placetool.search.listsched",
+    "m-topo": "placetool.search.listsched",
+    "m-etf": "placetool.search.listsched",
+    "m-sct": "placetool.search.listsched",
+    "critical-path": "placetool.search.listsched",
+    "sa": "placetool.search.annealing",
+    "tpe": "placetool.search.tpe",
+    "rl": "placetool.rl.method",
 }.items():
     register_lazy(_name, _module)
 

@@ -2,7 +2,7 @@
 
 A neighbour moves one group to another device it may use (or, with probability
 ``swap``, exchanges the devices of two groups). Moves are scored by the incremental
-simulator (:mod:`costmodel.incremental`: re-simulates only from the first event a move
+simulator (:mod:`placetool.costmodel.incremental`: re-simulates only from the first event a move
 changes, exact) or, with ``mode="batch"``, ``batch`` neighbours at a time by the
 parallel batch simulator, the best of which faces the Metropolis rule. The
 temperature is relative (an uphill step of ``x`` times the current step time is taken
@@ -140,7 +140,7 @@ def anneal(problem, budget, seed, tracker, mode: str = "incremental", batch: int
     cur_obj, _, cur = seeds_[0]
     cur = cur.copy()
     if mode == "incremental":
-        from costmodel.incremental import IncrementalSimulator
+        from placetool.costmodel.incremental import IncrementalSimulator
 
         inc = IncrementalSimulator(cm, cur, checkpoints=checkpoints)
     T = 0.02

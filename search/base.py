@@ -23,7 +23,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from costmodel.errors import UserError
+from placetool.costmodel.errors import UserError
 
 
 class SearchError(UserError):

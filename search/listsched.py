@@ -3,7 +3,7 @@
 They schedule *ops* (the group graph of a TF graph has cycles: a variable's group holds
 its read and its update) under one rule: when the first op of a group is placed, the
 whole group is fixed to that device and charged its memory (parameters plus its ops'
-outputs, see :func:`search.partition.group_memory_bytes`); later ops of the group
+outputs, see :func:`placetool.search.partition.group_memory_bytes`); later ops of the group
 follow it. A device whose charged memory would exceed its capacity is not a candidate;
 if no device has room the op goes where the overflow is least (counted in the metadata
 as ``memory_fallbacks``). Every method scores its placement through the tracker.
@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from costmodel.kernels import heap_pop, heap_push
+from placetool.costmodel.kernels import heap_pop, heap_push
 
 from .base import register
 from .partition import accelerators, fallback_device, gpu_group_time, group_memory_bytes, score

@@ -7,7 +7,7 @@ map to GPUs in order, then a memory repair moves groups off any device whose est
 need exceeds its capacity. The result is scored by the tracker like every method.
 
 The helpers here (accelerators, group graph, memory estimate, repair) are shared with
-:mod:`search.expert` and :mod:`search.listsched`.
+:mod:`placetool.search.expert` and :mod:`placetool.search.listsched`.
 """
 
 from __future__ import annotations

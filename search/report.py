@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.errors import UserError, atomic_write
+from placetool.costmodel.errors import UserError, atomic_write
 
 from .store import ResultStore
 
@@ -315,7 +315,7 @@ def plot_best_gantt(summary: dict, col) -> tuple[bytes, str] | None:
                 best = r
     if best is None:
         return None
-    from costmodel import CostModel, presets
+    from placetool.costmodel import CostModel, presets
 
     g = presets.load_graph(best.get("graph_source") or best["graph"])
     cl = presets.load_cluster(best.get("cluster_source") or best["cluster"])

@@ -21,7 +21,7 @@ import json
 import sqlite3
 from pathlib import Path
 
-from costmodel.errors import UserError
+from placetool.costmodel.errors import UserError
 
 SCHEMA_VERSION = 1
 KEY = ("graph", "cluster", "method", "seed", "budget", "options")

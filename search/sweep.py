@@ -1,5 +1,5 @@
 """Sweeps: every (graph, cluster, method, seed) of a TOML sweep file, run on a process pool
-or a Dask cluster, each result a row of the SQLite store (:mod:`search.store`).
+or a Dask cluster, each result a row of the SQLite store (:mod:`placetool.search.store`).
 
 A sweep file::
 
@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from costmodel.errors import UserError, atomic_write
+from placetool.costmodel.errors import UserError, atomic_write
 
 SWEEP_KEYS = {"name", "graphs", "clusters", "methods", "seeds", "budget_seconds", "budget_evals",
               "timeout_seconds"}
@@ -81,7 +81,7 @@ class Run:
 
     @property
     def key(self) -> tuple:
-        """The store's unique key (see :data:`search.store.KEY`)."""
+        """The store's unique key (see :data:`placetool.search.store.KEY`)."""
         return (self.graph, self.cluster, self.method, self.seed, self.budget, self.options_json)
 
     def __hash__(self) -> int:  # option values may be lists or tables (unhashable)
@@ -219,7 +219,7 @@ def _local_path(name: str, base: Path) -> Path | None:
 
 
 def _graph_source(name: str, base: Path, where: str) -> str:
-    from costmodel import presets
+    from placetool.costmodel import presets
 
     p = _local_path(name, base)
     if p is not None:
@@ -230,7 +230,7 @@ def _graph_source(name: str, base: Path, where: str) -> str:
 
 
 def _cluster_source(name: str, base: Path, where: str) -> str:
-    from costmodel import presets
+    from placetool.costmodel import presets
 
     p = _local_path(name, base)
     src = str(p) if p is not None else name
@@ -245,7 +245,7 @@ def _cluster_source(name: str, base: Path, where: str) -> str:
 
 
 def _check_methods(methods: list[str], options, where: str) -> dict:
-    import search
+    from placetool import search
 
     known = search.methods()
     for m in methods:
@@ -353,8 +353,8 @@ def run_one(run: Run, threads: int | None = None) -> dict:
 
 
 def _search(run: Run) -> dict:
-    import search
-    from costmodel import CostModel, presets
+    from placetool import search
+    from placetool.costmodel import CostModel, presets
 
     g = presets.load_graph(run.graph_source)
     cl = presets.load_cluster(run.cluster_source)
@@ -415,7 +415,7 @@ def _mp_context():
     # forkserver: cheap restarts after a worker dies; never fork the (maybe threaded) driver
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["search.sweep"])
+        ctx.set_forkserver_preload(["placetool.search.sweep"])
         return ctx
     return mp.get_context("spawn")
 

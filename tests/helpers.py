@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from costmodel import Cluster
+from placetool.costmodel import Cluster
 
 
 def cluster(n_devices=2, latency=1.0, bandwidth=10.0, memory=1 << 40, kinds=None, name="test"):
@@ -36,7 +36,7 @@ def cost_models(min_ops=1, max_ops=24, min_devices=1, max_devices=4, max_param=5
     import numpy as np
     from hypothesis import strategies as st
 
-    from costmodel import CostModel, OpGraph
+    from placetool.costmodel import CostModel, OpGraph
 
     @st.composite
     def draw_model(draw):

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from costmodel import Cluster, ClusterError, GraphError, OpGraph, presets
-from costmodel import cluster as cluster_io
-from costmodel import graph as graph_io
+from placetool.costmodel import Cluster, ClusterError, GraphError, OpGraph, presets
+from placetool.costmodel import cluster as cluster_io
+from placetool.costmodel import graph as graph_io
 from tests.helpers import cluster, nxgraph
 
 

@@ -16,10 +16,10 @@ import time
 import numpy as np
 import pytest
 
-from costmodel import CostModel
-from costmodel.calibration import (OpFit, Profile, ProfileError, count_latency, fit_link,
+from placetool.costmodel import CostModel
+from placetool.costmodel.calibration import (OpFit, Profile, ProfileError, count_latency, fit_link,
                                    fit_op_type, load_profile)
-from costmodel.errors import UserError
+from placetool.costmodel.errors import UserError
 
 from .helpers import cluster as make_cluster
 from .helpers import nxgraph
@@ -44,7 +44,7 @@ def _wait_dead(pids, timeout=10.0):
 
 # ---------------------------------------------------------------- profile (no TF)
 def _chain():
-    from costmodel import OpGraph
+    from placetool.costmodel import OpGraph
 
     return OpGraph.from_networkx(nxgraph(
         {"a": {"op_type": "MatMul", "out_bytes": 400, "flops": 1e6},
@@ -128,7 +128,7 @@ def test_profile_refit_and_bad_files(tmp_path):
 
 
 def test_latency_fit_to_steps_recovers_the_true_latency():
-    from costmodel.tf.calibrate import fit_latency_to_steps
+    from placetool.costmodel.tf.calibrate import fit_latency_to_steps
 
     g = _chain()
     true = make_cluster(2, latency=120.0, bandwidth=50.0, kinds=["cpu", "cpu"])
@@ -145,7 +145,7 @@ def test_latency_fit_to_steps_recovers_the_true_latency():
 
 
 def test_cluster_spec_file_and_unreachable_worker_fails_fast(tmp_path):
-    from costmodel.tf.testbed import ClusterSpec, TestbedError, free_ports
+    from placetool.costmodel.tf.testbed import ClusterSpec, TestbedError, free_ports
 
     port = free_ports(1)[0]  # nothing listens there
     f = tmp_path / "spec.json"
@@ -172,7 +172,7 @@ def _fresh_keras():
 
 @pytest.fixture(scope="module")
 def mlp():
-    from costmodel.tf.importer import trace
+    from placetool.costmodel.tf.importer import trace
 
     _fresh_keras()
     return trace("mlp", batch=16)
@@ -180,7 +180,7 @@ def mlp():
 
 @pytest.fixture(scope="module")
 def testbed():
-    from costmodel.tf.testbed import Testbed
+    from placetool.costmodel.tf.testbed import Testbed
 
     with Testbed.start(2, timeout_s=120) as tb:
         pids = list(tb.pids)
@@ -191,7 +191,7 @@ def testbed():
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_runner_single_and_split_placements(mlp, testbed):
-    from costmodel.tf.runner import measure
+    from placetool.costmodel.tf.runner import measure
 
     g = mlp.graph
     m = measure(mlp, np.zeros(g.n_ops, np.int32), testbed.spec, warmup=1, steps=3, trace_steps=2)
@@ -210,7 +210,7 @@ def test_runner_single_and_split_placements(mlp, testbed):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_verify_top_measures_the_k_best_predicted(mlp, testbed):
-    from costmodel.tf.runner import verify_top
+    from placetool.costmodel.tf.runner import verify_top
 
     g = mlp.graph
     cl = make_cluster(2, kinds=["cpu", "cpu"])
@@ -231,8 +231,8 @@ def test_verify_top_measures_the_k_best_predicted(mlp, testbed):
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_bad_placements_refused_before_anything_runs(mlp):
-    from costmodel.tf.runner import RunError, measure
-    from costmodel.tf.testbed import ClusterSpec, free_ports
+    from placetool.costmodel.tf.runner import RunError, measure
+    from placetool.costmodel.tf.testbed import ClusterSpec, free_ports
 
     g = mlp.graph
     # unreachable workers: had the runner tried to run, the error would say so instead
@@ -254,7 +254,7 @@ def test_bad_placements_refused_before_anything_runs(mlp):
 def test_calibrate_and_verify_cli(mlp, testbed, tmp_path):
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from placetool.cli.main import cli
 
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"worker": testbed.spec.workers}))
@@ -298,7 +298,7 @@ def test_calibrate_and_verify_cli(mlp, testbed, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_worker_that_does_not_come_up_is_an_error_and_no_orphans():
-    from costmodel.tf.testbed import Testbed, TestbedError
+    from placetool.costmodel.tf.testbed import Testbed, TestbedError
 
     def ours():
         out = subprocess.run(["pgrep", "-f", f"placetool-testbed-worker.*--parent {os.getpid()}"],
@@ -317,7 +317,7 @@ def test_worker_that_does_not_come_up_is_an_error_and_no_orphans():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_workers_die_with_their_parent(sig):
-    code = ("from costmodel.tf.testbed import Testbed\n"
+    code = ("from placetool.costmodel.tf.testbed import Testbed\n"
             "with Testbed.start(1, timeout_s=100) as tb:\n"
             "    print(' '.join(map(str, tb.pids)), flush=True)\n"
             "    import time; time.sleep(100)\n")
@@ -339,7 +339,7 @@ def test_workers_die_with_their_parent(sig):
 def test_testbed_up_status_down_cli(tmp_path):
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from placetool.cli.main import cli
 
     state = tmp_path / "tb.json"
     r = CliRunner().invoke(cli, ["testbed", "up", "--workers", "1", "--state", str(state), "--json"])

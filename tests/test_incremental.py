@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from costmodel import CostModel, OpGraph, UserError, presets
-from costmodel.incremental import IncrementalSimulator
-from search import Problem
+from placetool.costmodel import CostModel, OpGraph, UserError, presets
+from placetool.costmodel.incremental import IncrementalSimulator
+from placetool.search import Problem
 
 from .helpers import assignments, cost_models
 from .helpers import cluster as make_cluster

@@ -10,12 +10,12 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from costmodel.graph import OpGraph
-from costmodel.presets import data_dir
+from placetool.costmodel.graph import OpGraph
+from placetool.costmodel.presets import data_dir
 
 
 def _run(args, capsys):
-    from cli.main import main
+    from placetool.cli.main import main
 
     with pytest.raises(SystemExit) as e:
         main(args)
@@ -88,11 +88,11 @@ def test_info_errors_one_line(tmp_path, capsys):
 
 
 def test_info_does_not_import_tensorflow(small):
-    code = ("import sys; from cli.main import main\n"
+    code = ("import sys; from placetool.cli.main import main\n"
             "try:\n    main(['info', '--graph', sys.argv[1], '--json'])\n"
             "except SystemExit as e:\n    assert e.code == 0\n"
             "assert 'tensorflow' not in sys.modules, 'TF imported'\n"
-            "import costmodel.tf.zoo\nassert 'tensorflow' not in sys.modules, 'zoo imports TF'\n")
+            "import placetool.costmodel.tf.zoo\nassert 'tensorflow' not in sys.modules, 'zoo imports TF'\n")
     r = subprocess.run([sys.executable, "-c", code, str(small)], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
@@ -108,11 +108,11 @@ ZOO_EXPECT = {  # name: (expert, at least this many ops)
 
 @pytest.mark.parametrize("name", sorted(ZOO_EXPECT))
 def test_bundled_zoo_graphs(name):
-    from costmodel.presets import load_graph
+    from placetool.costmodel.presets import load_graph
 
     p = data_dir() / "graphs" / f"{name}.npz"
     if not p.exists():
-        pytest.fail(f"{p} missing: run python -m costmodel.tf.zoo {name}")
+        pytest.fail(f"{p} missing: run python -m placetool.costmodel.tf.zoo {name}")
     g = load_graph(name)
     expert, min_ops = ZOO_EXPECT[name]
     assert g.meta["expert"] == expert and g.meta["mode"] == "train"

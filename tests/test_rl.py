@@ -11,17 +11,17 @@ import sys
 import numpy as np
 import pytest
 
-from costmodel import CostModel, presets
-from costmodel.errors import UserError
-from costmodel.graph import OpGraph
-from search import Budget, Problem, run
+from placetool.costmodel import CostModel, presets
+from placetool.costmodel.errors import UserError
+from placetool.costmodel.graph import OpGraph
+from placetool.search import Budget, Problem, run
 
 tf = pytest.importorskip("tensorflow")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _few_threads():
-    from rl.tfutil import tf as configure
+    from placetool.rl.tfutil import tf as configure
 
     configure(1)
 
@@ -65,8 +65,8 @@ def _greedy_step(trainer):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["seq2seq", "hierarchical", "gdp"])
 def test_policy_reaches_brute_force_optimum(tiny, kind):
-    from rl import policies
-    from rl.trainer import TrainConfig, Trainer
+    from placetool.rl import policies
+    from placetool.rl.trainer import TrainConfig, Trainer
 
     p, best = tiny
     assert best < 0.8 * p.cost_model.simulate(p.cost_model.single_device(1)).step_time_us  # parallel pays
@@ -97,7 +97,7 @@ def test_search_method_rl_reaches_optimum_and_counts_evaluations(tiny):
 
 @pytest.mark.timeout(60)
 def test_warm_start_begins_at_the_best_cheap_placement():
-    from search.annealing import DEFAULT_SEEDS
+    from placetool.search.annealing import DEFAULT_SEEDS
 
     p = Problem(CostModel(presets.load_graph("synthetic-300"), presets.load_cluster("k80x4")))
     r = run("rl", p, Budget(evals=400), seed=0)
@@ -109,8 +109,8 @@ def test_warm_start_begins_at_the_best_cheap_placement():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["seq2seq", "gdp"])
 def test_gradient_step_raises_logp_of_better_sample(tiny, kind):
-    from rl import policies
-    from rl.trainer import TrainConfig, Trainer
+    from placetool.rl import policies
+    from placetool.rl.trainer import TrainConfig, Trainer
 
     p, _ = tiny
     pol = policies.make(kind, p.n_devices, seed=1, hidden=32, residual=False)
@@ -128,8 +128,8 @@ def test_gradient_step_raises_logp_of_better_sample(tiny, kind):
 
 @pytest.mark.timeout(60)
 def test_save_load_same_greedy_placement(tiny, tmp_path):
-    from rl import policies
-    from rl.trainer import TrainConfig, Trainer
+    from placetool.rl import policies
+    from placetool.rl.trainer import TrainConfig, Trainer
 
     p, _ = tiny
     for kind in ("seq2seq", "gdp"):
@@ -152,7 +152,7 @@ def test_save_load_same_greedy_placement(tiny, tmp_path):
 
 @pytest.mark.timeout(60)
 def test_user_errors(tiny, tmp_path):
-    from rl import policies
+    from placetool.rl import policies
 
     p, _ = tiny
     with pytest.raises(UserError, match="unknown policy 'nope'"):
@@ -175,7 +175,7 @@ def test_user_errors(tiny, tmp_path):
 def test_pretrain_cli_then_zero_shot(tmp_path):
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from placetool.cli.main import cli
 
     out = tmp_path / "policy"
     res = CliRunner().invoke(cli, ["rl", "pretrain", "--graphs", "synthetic-120,synthetic-160", "--clusters", "k80x2",
@@ -195,7 +195,7 @@ def test_pretrain_cli_then_zero_shot(tmp_path):
 def test_gym_env_episode_reward_is_the_simulated_step():
     from gymnasium.utils.env_checker import check_env
 
-    from rl.env import PlacementEnv
+    from placetool.rl.env import PlacementEnv
 
     p = tiny_problem("k80x2")
     env = PlacementEnv(p)
@@ -218,14 +218,14 @@ def test_gym_env_episode_reward_is_the_simulated_step():
 
 
 def test_light_imports_do_not_load_tensorflow():
-    code = ("import sys, rl, rl.features, rl.method, search, costmodel; "
+    code = ("import sys, placetool.rl, placetool.rl.features, placetool.rl.method, placetool.search, placetool.costmodel; "
             "assert 'tensorflow' not in sys.modules, 'TF imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
 
 def test_coarsen_keeps_allowed_devices_and_covers_every_group():
-    from rl.features import coarsen, group_features
+    from placetool.rl.features import coarsen, group_features
 
     p = Problem(CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x4")))
     a = group_features(p)
@@ -242,7 +242,7 @@ def test_coarsen_keeps_allowed_devices_and_covers_every_group():
 
 @pytest.mark.timeout(60)
 def test_logdir_gets_tensorboard_scalars_and_a_checkpoint(tiny, tmp_path):
-    from rl import policies
+    from placetool.rl import policies
 
     p, _ = tiny
     r = run("rl", p, Budget(evals=65 + 64 * 2), seed=0, logdir=str(tmp_path / "log"), warm_start=False)  # greedy + 64, then 64, 64

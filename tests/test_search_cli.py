@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from cli.main import main
-from costmodel import CostModel, presets
+from placetool.cli.main import main
+from placetool.costmodel import CostModel, presets
 from tests.helpers import cluster
 
 

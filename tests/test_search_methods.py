@@ -8,11 +8,11 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from costmodel import CostModel, synthetic
-from costmodel.graph import OpGraph
-from search import Budget, Problem, run
-from search.listsched import _Data, sct_favourite_children
-from search.partition import group_memory_bytes, repair_memory
+from placetool.costmodel import CostModel, synthetic
+from placetool.costmodel.graph import OpGraph
+from placetool.search import Budget, Problem, run
+from placetool.search.listsched import _Data, sct_favourite_children
+from placetool.search.partition import group_memory_bytes, repair_memory
 from tests.helpers import cluster, nxgraph
 
 OURS = ["expert", "metis", "mincut", "heft", "critical-path", "m-topo", "m-etf", "m-sct"]

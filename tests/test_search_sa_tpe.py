@@ -8,9 +8,9 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from costmodel import CostModel, OpGraph, presets
-from search import Budget, Problem, SearchError, run
-from search.tpe import coarsen
+from placetool.costmodel import CostModel, OpGraph, presets
+from placetool.search import Budget, Problem, SearchError, run
+from placetool.search.tpe import coarsen
 
 from .helpers import cluster as make_cluster
 
@@ -127,7 +127,7 @@ def test_coarsening_keeps_chunks_topological_and_pinned_groups_fixed():
 def test_tpe_storage_persists_and_resumes_a_study(tmp_path, kind):
     import optuna
 
-    from search.tpe import _storage
+    from placetool.search.tpe import _storage
 
     cm = CostModel(presets.load_graph("synthetic-200"), presets.load_cluster("k80x2"))
     url = f"sqlite:///{tmp_path / 'study.db'}" if kind == "sqlite" else f"journal:///{tmp_path / 'study.log'}"

@@ -8,7 +8,7 @@ import pytest
 
 
 def placetool(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "placetool.cli.main", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=120)
 
 
@@ -29,8 +29,8 @@ def test_trace_plot_and_placement_file_round_trip(tmp_path):
     assert any(e.get("ph") == "X" for e in json.loads(trace.read_text())["traceEvents"])
     assert png.stat().st_size > 1000
     # write the same placement as a placement file and simulate it again
-    from costmodel import CostModel, presets
-    from cli.simulate import parse_placement
+    from placetool.costmodel import CostModel, presets
+    from placetool.cli.simulate import parse_placement
 
     cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x4"))
     p = parse_placement("random:3", cm)
@@ -63,7 +63,7 @@ def test_wrong_length_placement_file(tmp_path):
 
 
 def test_infeasible_placement_writes_no_trace(tmp_path):
-    from costmodel import CostModel, presets
+    from placetool.costmodel import CostModel, presets
 
     cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x4"))
     f = tmp_path / "p.json"

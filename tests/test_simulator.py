@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from costmodel import CostModel, OpGraph, presets, reference
+from placetool.costmodel import CostModel, OpGraph, presets, reference
 from tests.helpers import assignments, cluster, cost_models, nxgraph
 
 
@@ -165,7 +165,7 @@ def test_compiled_equals_reference_on_a_synthetic_graph(name):
     cm = CostModel(g, presets.load_cluster("k80x4"))
     rng = np.random.default_rng(1)
     for _ in range(3):
-        from search import Problem
+        from placetool.search import Problem
 
         p = g.to_placement(Problem(cm).random_assignment(rng))
         r = cm.simulate(p)
@@ -177,7 +177,7 @@ def test_compiled_equals_reference_on_a_synthetic_graph(name):
 def test_batch_matches_single_and_handles_group_assignments():
     g = presets.load_graph("synthetic-1k")
     cm = CostModel(g, presets.load_cluster("k80x2"))
-    from search import Problem
+    from placetool.search import Problem
 
     pr = Problem(cm)
     rng = np.random.default_rng(0)
@@ -191,7 +191,7 @@ def test_batch_matches_single_and_handles_group_assignments():
 def test_lower_bound_is_below_every_simulated_step():
     g = presets.load_graph("synthetic-1k")
     cm = CostModel(g, presets.load_cluster("k80x4"))
-    from search import Problem
+    from placetool.search import Problem
 
     pr = Problem(cm)
     rng = np.random.default_rng(0)
@@ -226,7 +226,7 @@ def test_placement_forms_agree():
     as_array = cm.simulate(np.array([0, 0, 1, 0])).step_time_us
     as_dict = cm.simulate({"a": "d0", "b": 0, "c": "d1", "d": "d0"}).step_time_us
     assert as_array == as_dict == 52
-    from costmodel import PlacementError
+    from placetool.costmodel import PlacementError
 
     with pytest.raises(PlacementError, match="op 'd'"):
         cm.simulate({"a": 0, "b": 0, "c": 1})

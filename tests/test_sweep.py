@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import search
-from costmodel import CostModel, UserError, presets
-from search.report import markdown, summarize, tables
-from search.store import KEY, ResultStore, StoreError
-from search.sweep import SweepError, cpu_count, load_sweep, run_one, run_sweep
+from placetool import search
+from placetool.costmodel import CostModel, UserError, presets
+from placetool.search.report import markdown, summarize, tables
+from placetool.search.store import KEY, ResultStore, StoreError
+from placetool.search.sweep import SweepError, cpu_count, load_sweep, run_one, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +52,7 @@ bandwidth_bytes_per_us = 1.0e4
 
 
 def placetool(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "placetool.cli.main", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=180, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 

@@ -48,14 +48,14 @@ def models_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tf():
-    from costmodel.tf.importer import _tf
+    from placetool.costmodel.tf.importer import _tf
 
     return _tf()
 
 
 @pytest.fixture(scope="module")
 def traced(models_dir, tf):
-    from costmodel.tf.importer import trace
+    from placetool.costmodel.tf.importer import trace
 
     cwd = os.getcwd()
     os.chdir(models_dir)
@@ -67,7 +67,7 @@ def traced(models_dir, tf):
 
 @pytest.fixture(scope="module")
 def traced_cnn(models_dir, tf):
-    from costmodel.tf.importer import trace
+    from placetool.costmodel.tf.importer import trace
 
     cwd = os.getcwd()
     os.chdir(models_dir)
@@ -112,7 +112,7 @@ def test_matmul_flops_are_2mnk(traced):
 def _run_step(tf, traced):
     """Run the traced step in a TF1 Session the way the hardware runner does; returns
     {tensor name: value} for every non-resource tensor of the step."""
-    from costmodel.tf.importer import runnable_graph_def, session_config
+    from placetool.costmodel.tf.importer import runnable_graph_def, session_config
 
     gd, init = runnable_graph_def(traced)
     assert [n.name for n in gd.node] == traced.graph.names
@@ -191,7 +191,7 @@ def test_train_step_has_gradients_and_updates(traced, tf):
 
 
 def test_infer_mode_has_no_gradients(models_dir, monkeypatch, tf):
-    from costmodel.tf.importer import trace
+    from placetool.costmodel.tf.importer import trace
 
     monkeypatch.chdir(models_dir)
     tr = trace("pt_test_models:mlp", mode="infer", batch=4)
@@ -201,7 +201,7 @@ def test_infer_mode_has_no_gradients(models_dir, monkeypatch, tf):
 
 
 def test_adam_slots_are_grouped_with_their_updates(models_dir, monkeypatch, tf):
-    from costmodel.tf.importer import trace
+    from placetool.costmodel.tf.importer import trace
 
     monkeypatch.chdir(models_dir)
     tr = trace("pt_test_models:mlp", mode="train", batch=4, optimizer="adam")
@@ -237,8 +237,8 @@ def test_conv_and_depthwise_flops(traced_cnn):
 
 
 def test_string_ops_pinned_and_colocation_from_graph_def(tmp_path, tf):
-    from costmodel.graph import KIND_BITS
-    from costmodel.tf.importer import trace
+    from placetool.costmodel.graph import KIND_BITS
+    from placetool.costmodel.tf.importer import trace
 
     g0 = tf.Graph()
     with g0.as_default():
@@ -267,7 +267,7 @@ def test_string_ops_pinned_and_colocation_from_graph_def(tmp_path, tf):
 
 
 def test_saved_model_infer(models_dir, tmp_path, monkeypatch, tf):
-    from costmodel.tf.importer import trace
+    from placetool.costmodel.tf.importer import trace
 
     monkeypatch.chdir(models_dir)
     import pt_test_models
@@ -284,7 +284,7 @@ def test_saved_model_infer(models_dir, tmp_path, monkeypatch, tf):
 
 
 def test_save_load_round_trip(traced, tmp_path):
-    from costmodel.graph import load
+    from placetool.costmodel.graph import load
 
     g = traced.graph
     g.save(tmp_path / "m.npz")
@@ -297,7 +297,7 @@ def test_save_load_round_trip(traced, tmp_path):
 
 
 def test_zoo_layer_tags_follow_keras_layers(tf):
-    from costmodel.tf.importer import trace
+    from placetool.costmodel.tf.importer import trace
 
     tr = trace("mlp", batch=8)
     g = tr.graph
@@ -314,7 +314,7 @@ def test_zoo_layer_tags_follow_keras_layers(tf):
 
 
 def _cli(args, cwd):
-    from cli.main import main
+    from placetool.cli.main import main
 
     old = os.getcwd()
     os.chdir(cwd)
@@ -355,7 +355,7 @@ def test_cli_import_subprocess_one_line(models_dir, tmp_path):
 def test_cli_import_json(models_dir, tmp_path, capsys, tf):
     import json
 
-    from costmodel.graph import load
+    from placetool.costmodel.graph import load
 
     out = tmp_path / "a.npz"
     assert _cli(["import", "pt_test_models:mlp", "--batch", "8", "--json", "--out", str(out)],
@@ -368,7 +368,7 @@ def test_cli_import_json(models_dir, tmp_path, capsys, tf):
 
 def test_tracing_the_same_source_twice_gives_the_same_op_names():
     # Keras numbers layers per process; profiles and placements are keyed by op name.
-    from costmodel.tf.importer import trace
+    from placetool.costmodel.tf.importer import trace
 
     a = trace("mlp", batch=8).graph
     b = trace("mlp", batch=8).graph

@@ -23,7 +23,7 @@ bandwidth_bytes_per_us = 1000.0
 
 
 def placetool(*args):
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "placetool.cli.main", *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow

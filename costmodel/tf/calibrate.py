@@ -11,12 +11,12 @@
 - the per-op dispatch cost: (step - overhead - sum of traced op times) / ops, median over
   graphs, added to every profiled op time;
 - the fixed cost of a step that touches 1..D devices (NoOps only): client -> master ->
-  worker RPCs that the simulator does not see; :func:`costmodel.calibration.Profile.step_overhead`
+  worker RPCs that the simulator does not see; :func:`placetool.costmodel.calibration.Profile.step_overhead`
   adds it to predictions;
 - per-op-type fits from all the medians.
 
-It returns the :class:`~costmodel.calibration.Profile` and the calibrated
-:class:`~costmodel.cluster.Cluster` (links from the fits, roofline fields from the
+It returns the :class:`~placetool.costmodel.calibration.Profile` and the calibrated
+:class:`~placetool.costmodel.cluster.Cluster` (links from the fits, roofline fields from the
 all-ops fit, ``metadata.tf_devices`` naming each device's TF device).
 """
 
@@ -29,9 +29,9 @@ import time
 
 import numpy as np
 
-from costmodel.calibration import Profile, count_latency, fit_link
-from costmodel.cluster import Cluster
-from costmodel.graph import KIND_BITS
+from placetool.costmodel.calibration import Profile, count_latency, fit_link
+from placetool.costmodel.cluster import Cluster
+from placetool.costmodel.graph import KIND_BITS
 
 from .runner import measure, session_config
 from .testbed import ClusterSpec
@@ -282,7 +282,7 @@ def fit_latency_to_steps(samples, cluster, profile, grid=None) -> tuple[float, f
     simulator needs (one that also stands in for gRPC's concurrency), while whole
     steps are not.
     """
-    from costmodel.simulate import CostModel
+    from placetool.costmodel.simulate import CostModel
 
     grid = np.unique(np.concatenate([[0.0], np.geomspace(5.0, 20000.0, 60)])) if grid is None else grid
     D = cluster.n_devices

@@ -1,4 +1,4 @@
-"""Import TensorFlow / Keras models into :class:`~costmodel.graph.OpGraph`.
+"""Import TensorFlow / Keras models into :class:`~placetool.costmodel.graph.OpGraph`.
 
 Entry points: :func:`trace` (the traced TF graph plus everything needed to run it) and
 :func:`import_graph` (just the OpGraph). TensorFlow is imported lazily, inside them.
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.errors import UserError
-from costmodel.graph import ALL_KINDS, KIND_BITS, OpGraph
+from placetool.costmodel.errors import UserError
+from placetool.costmodel.graph import ALL_KINDS, KIND_BITS, OpGraph
 
 from .flops import own_flops, tf_registered_flops
 
@@ -188,7 +188,7 @@ def trace(source, mode: str = "train", batch: int | None = None, optimizer: str 
           name: str | None = None, **kw) -> Traced:
     """Trace one step of SOURCE and import it.
 
-    SOURCE: a zoo name (``costmodel.tf.zoo.ZOO``), ``module:function`` returning a Keras
+    SOURCE: a zoo name (``placetool.costmodel.tf.zoo.ZOO``), ``module:function`` returning a Keras
     model (imported from the current directory), a SavedModel directory (infer mode
     only), or a GraphDef file (``.pb`` binary / ``.pbtxt`` text; imported as it is, so
     ``mode`` and ``optimizer`` do not apply). A Keras model object is accepted too.
@@ -199,7 +199,7 @@ def trace(source, mode: str = "train", batch: int | None = None, optimizer: str 
     dimension; it is required where the model leaves it dynamic (a zoo entry has its own
     default). Extra keyword arguments go to the zoo builder (e.g. ``seq_len=20``).
 
-    Raises :class:`~costmodel.errors.UserError` (one line, naming SOURCE) for sources that
+    Raises :class:`~placetool.costmodel.errors.UserError` (one line, naming SOURCE) for sources that
     cannot be imported.
     """
     if mode not in MODES:

@@ -1,6 +1,6 @@
 """Run an imported graph with a placement for real, in a TF1 Session, and time it.
 
-The traced step (:class:`costmodel.tf.importer.Traced`) is rewritten before it runs:
+The traced step (:class:`placetool.costmodel.tf.importer.Traced`) is rewritten before it runs:
 
 - each captured variable placeholder becomes a ``VarHandleOp`` of the same name (so its
   consumers are untouched) plus an ``AssignVariableOp`` initialiser fed the variable's
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodel.errors import UserError
-from costmodel.graph import KIND_BITS
+from placetool.costmodel.errors import UserError
+from placetool.costmodel.graph import KIND_BITS
 
 from .testbed import ClusterSpec, TestbedError
 
@@ -342,7 +342,7 @@ def verify_top(source, cluster, placements, k: int = 3, predicted=None, profile=
     graph = graph or traced.graph
     P = [np.asarray(p) for p in placements]
     if predicted is None:
-        from costmodel.simulate import CostModel
+        from placetool.costmodel.simulate import CostModel
 
         cm = CostModel(traced.graph, cluster, profile=profile)
         predicted = []

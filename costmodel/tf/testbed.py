@@ -29,7 +29,7 @@ import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from costmodel.errors import UserError, atomic_write
+from placetool.costmodel.errors import UserError, atomic_write
 
 MARKER = "placetool-testbed-worker"
 DEFAULT_TIMEOUT_S = 60.0
@@ -249,14 +249,14 @@ class Testbed:
                     env["CUDA_VISIBLE_DEVICES"] = str(k)
                 else:
                     env["CUDA_VISIBLE_DEVICES"] = ""
-                args = [sys.executable, "-m", "costmodel.tf.testbed", MARKER,
+                args = [sys.executable, "-m", "placetool.costmodel.tf.testbed", MARKER,
                         "--cluster", json.dumps(spec.cluster_def()), "--task", str(k),
                         "--core", str(cores[k % len(cores)]), "--device", device]
                 if not detached:
                     args += ["--parent", str(os.getpid())]
                 log = open(log_dir / f"worker{k}.log", "wb")
                 p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                     env=env, start_new_session=True, cwd=_project_root())
+                                     env=env, start_new_session=True, cwd=log_dir)
                 log.close()
                 tb._procs.append(p)
                 tb.pids.append(p.pid)
@@ -347,10 +347,6 @@ class Testbed:
         if d.get("format") != "placetool.testbed":
             raise TestbedError(f"{path}: not a placetool testbed state file")
         return cls(ClusterSpec(**d["spec"]), list(d["pids"]), d["log_dir"], detached=True)
-
-
-def _project_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
 
 
 def _alive(pid: int, proc=None) -> bool:

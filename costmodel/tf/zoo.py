@@ -2,7 +2,7 @@
 
 Regenerate every bundled graph (``data/graphs/NAME.npz``) with::
 
-    python -m costmodel.tf.zoo --all            # or: python -m costmodel.tf.zoo NAME ...
+    python -m placetool.costmodel.tf.zoo --all            # or: python -m placetool.costmodel.tf.zoo NAME ...
 
 Each builder returns a :class:`Built`: the Keras model, its loss, a map from Keras layers
 to layer indices (``graph.layer``, used by the ``expert`` placement) and
@@ -272,7 +272,7 @@ BUNDLED = [n for n in ZOO if n != "mlp"]
 
 def generate(name: str, out_dir=None, **kw):
     """Trace zoo model NAME in train mode and save it; returns (graph, seconds)."""
-    from costmodel.presets import data_dir
+    from placetool.costmodel.presets import data_dir
 
     from .importer import import_graph
 
@@ -286,7 +286,7 @@ def generate(name: str, out_dir=None, **kw):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m costmodel.tf.zoo", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m placetool.costmodel.tf.zoo", description=__doc__.split("\n")[0])
     ap.add_argument("names", nargs="*", help=f"zoo names ({', '.join(ZOO)})")
     ap.add_argument("--all", action="store_true", help="every bundled graph, smallest first")
     ap.add_argument("--out-dir", default=None, help="folder (default data/graphs)")
