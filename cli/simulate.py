@@ -22,9 +22,7 @@ def parse_placement(spec: str, cm) -> np.ndarray:
     """
     g, cl = cm.graph, cm.cluster
     if spec.startswith("single:"):
-        d = cl.device_index(spec.split(":", 1)[1])
-        ok = cm.group_device_ok
-        return g.to_placement(np.where(ok[:, d], d, np.argmax(ok, axis=1)))
+        return cm.single_device(spec.split(":", 1)[1])
     if spec == "round-robin":
         return g.to_placement(_assign_groups(cm, lambda k, ok: ok[k % len(ok)]))
     m = re.fullmatch(r"random(?::(\d+))?", spec)

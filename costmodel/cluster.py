@@ -221,6 +221,11 @@ class Cluster:
             out["links"]["pairs"] = pairs
         return out
 
+    @classmethod
+    def load(cls, path) -> "Cluster":
+        """Read a cluster TOML written by hand or by :meth:`save`."""
+        return load(path)
+
     def save(self, path) -> None:
         """Write TOML atomically."""
         import tomli_w

@@ -413,6 +413,11 @@ class OpGraph:
         return f"OpGraph({self.name!r}, ops={self.n_ops}, edges={self.n_edges}, groups={self.n_groups})"
 
     # ---------------------------------------------------------------------- I/O
+    @classmethod
+    def load(cls, path) -> "OpGraph":
+        """Read a graph written by :meth:`save` (same checks as :func:`load`)."""
+        return load(path)
+
     def save(self, path) -> None:
         """Write the versioned compressed format (``.npz``); atomic (no half-written file)."""
         path = Path(path)

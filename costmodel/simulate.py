@@ -213,8 +213,20 @@ class CostModel:
         return out
 
     def single_device(self, device) -> np.ndarray:
-        """Every op on one device (name or index)."""
-        return np.full(self.graph.n_ops, self.cluster.device_index(device), np.int32)
+        """Every op on one device (name or index), except groups without a kernel there.
+
+        Those (strings, input pipelines...) go to the first device that can run them, the
+        host CPU in the presets, as the CLI's ``single:DEVICE`` does; so the placement is
+        always runnable.
+
+        >>> from placetool.costmodel import CostModel, presets
+        >>> cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x4"))
+        >>> cm.simulate(cm.single_device("gpu:0")).feasible
+        True
+        """
+        d = self.cluster.device_index(device)
+        ok = self.group_device_ok
+        return self.graph.to_placement(np.where(ok[:, d], d, np.argmax(ok, axis=1)).astype(np.int32))
 
     def violation(self, p: np.ndarray) -> str | None:
         """Why a per-op placement is invalid (split group, op without kernel), or None."""
