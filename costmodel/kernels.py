@@ -1,19 +1,48 @@
-"""Numba kernels of the critical-path simulator.
+"""The compiled simulation engine: one event loop for full and incremental runs.
 
-Same semantics as :mod:`placetool.costmodel.reference` (read its docstring), bit for bit. Only
-arrays go in and out: the graph as CSR arrays (:class:`placetool.costmodel.graph.GraphCSR`),
-op times ``T[op, device]``, link matrices and the placement. Heaps are arrays of ints
-ordered by a parallel key array; the per-device ready heaps share one buffer, sliced by
-how many ops each device holds.
+Same rules as :mod:`placetool.costmodel.reference` (read its docstring), bit for bit. The
+loop :func:`_run` handles the same events as the reference with the same steps
+(dispatch; op, send, link and receive done, each a commented block mirroring the
+reference's function of that name), on arrays packed in named tuples:
+
+- :class:`Net`: the graph on the cluster (CSR adjacency, op times, links, device
+  transfer costs), read only;
+- :class:`Work`: the running state, allocated once and reused across calls (one per
+  thread); nothing in it needs clearing between runs except what :func:`init_fresh`
+  resets;
+- :class:`Checkpoints` and :class:`Base`: the incremental simulator's saved states and
+  its base run (see :mod:`placetool.costmodel.incremental`).
+
+A full simulation is the incremental loop with no checkpoints: :func:`simulate_full`
+runs :func:`_run` with the literal ``INCR=False``, which compiles the checkpoint and
+convergence bookkeeping away.
+
+Memory is tracked as *live* bytes (outputs and received copies) per device; parameter
+bytes are constant over a run, so peak = parameters + peak live, added by the caller.
+``copy_of[t * D + d]`` (the transfer bringing tensor t to device d) is never cleared:
+an entry counts only if it points below ``n_x`` at a transfer of that tensor to that
+device.
+
+Ready queues: per device, a heap of int64 op keys ``(epoch << 32) | rank`` (the epoch
+counts distinct event instants; ready times only grow, so (epoch, rank) orders exactly
+like (ready time, rank)), and a heap of send/receive tasks keyed by ``(epoch << 32 |
+producer rank, (tensor * D + destination) * 2 + kind - 1)``. Both are slices of shared
+buffers, sized by how many ops (tasks) each device can hold.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, prange
 
+# Event kinds, in the order events of one instant are handled (see reference.py).
 OP_DONE = 0
-XFER_DONE = 1
+SEND_DONE = 1
+XFER_DONE = 2
+RECV_DONE = 3
+LOW = np.int64(0xFFFFFFFF)
 
 
 # --------------------------------------------------------------------- heaps
@@ -22,7 +51,7 @@ def _less(ta, ka, tb, kb):
     return ta < tb or (ta == tb and ka < kb)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def heap_push(ev_t, ev_k, ev_id, size, t, k, i):
     """Push (t, k) -> i onto a min-heap ordered by (t, k) in three parallel arrays; returns the new size."""
     j = size
@@ -41,7 +70,7 @@ def heap_push(ev_t, ev_k, ev_id, size, t, k, i):
     return size + 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def heap_pop(ev_t, ev_k, ev_id, size):
     """Remove the root of a heap_push heap; returns the new size."""
     size -= 1
@@ -67,7 +96,7 @@ def heap_pop(ev_t, ev_k, ev_id, size):
     return size
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def keyheap_push(heap, base, size, key):
     """Push an int64 key onto a device's ready heap heap[base:base+size] (a min-heap)."""
     j = size
@@ -82,7 +111,7 @@ def keyheap_push(heap, base, size, key):
     heap[base + j] = key
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def keyheap_pop(heap, base, size):
     """Pop the smallest key of a device's ready heap (``size`` is the size before popping)."""
     top = heap[base]
@@ -109,98 +138,361 @@ def keyheap_pop(heap, base, size):
     return top
 
 
-# ------------------------------------------------------------------ simulator
-@njit(cache=True, error_model="numpy")
-def simulate_into(
-    placement, T, rank, topo_order, out_bytes, param_bytes, tensor_op, tensor_bytes,
-    op_tensor_ptr, tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst, in_ptr, in_tensor, n_inputs,
-    latency, bandwidth,
-    op_start, op_end, busy, peak,
-    x_tensor, x_src, x_dst, x_start, x_end,
-):
-    """Simulate one placement; fills the output arrays and returns (makespan, n_transfers).
+# ------------------------------------------------------------------- packing
+class Net(NamedTuple):
+    """The graph on the cluster, as the engine reads it (index arrays are intp)."""
 
-    ``x_*`` arrays need room for one transfer per data edge. Returns makespan ``inf``
-    (and leaves the outputs partial) if some op has no kernel on its device.
-    """
-    n = placement.shape[0]
-    D = T.shape[1]
-    nt = tensor_op.shape[0]
-    n_data = tensor_cons.shape[0]
+    T: np.ndarray  # float64 [n, D]: op time on each device
+    rank: np.ndarray  # [n] topological rank
+    topo_order: np.ndarray  # [n] op of each rank
+    out_bytes: np.ndarray  # int64 [n]
+    tensor_op: np.ndarray  # [nt] producer
+    tensor_bytes: np.ndarray  # int64 [nt]
+    op_tensor_ptr: np.ndarray  # [n + 1] -> tensors (tensors are sorted by op)
+    tensor_ptr: np.ndarray  # [nt + 1] -> tensor_cons
+    tensor_cons: np.ndarray  # [n_data] consumer per data edge
+    ctrl_ptr: np.ndarray  # [n + 1] -> ctrl_dst
+    ctrl_dst: np.ndarray
+    in_ptr: np.ndarray  # [n + 1] -> in_tensor
+    in_tensor: np.ndarray  # [n_data] tensor per data edge into op
+    n_inputs: np.ndarray  # [n] data + control edges in
+    latency: np.ndarray  # float64 [D, D]
+    bandwidth: np.ndarray  # float64 [D, D]
+    xcost: np.ndarray  # float64 [4, D]: send_us, send_us_per_byte, recv_us, recv_us_per_byte
+    has_tasks: bool  # some device has a nonzero send/receive cost
 
-    for d in range(D):
-        busy[d] = 0.0
-        peak[d] = 0
-    for op in range(n):
-        if not np.isfinite(T[op, placement[op]]):
-            return np.inf, 0
 
-    mem = np.zeros(D, np.int64)
-    for op in range(n):
-        mem[placement[op]] += param_bytes[op]
-    for d in range(D):
-        peak[d] = mem[d]
+def make_net(graph, cluster, T) -> Net:
+    """Pack a graph, cluster and op-time matrix for the engine."""
+    c = graph.csr
+    ip = np.intp
 
-    # ready heaps: one slice of rq per device
-    count = np.zeros(D, np.int64)
-    for op in range(n):
-        count[placement[op]] += 1
-    rq_base = np.zeros(D, np.int64)
-    for d in range(1, D):
-        rq_base[d] = rq_base[d - 1] + count[d - 1]
-    rq = np.empty(max(n, 1), np.int64)
-    rq_size = np.zeros(D, np.int64)
-    # Ready keys are (epoch << 32) | rank, the epoch counting distinct event times so far.
-    # Ready times only grow, so (epoch, rank) orders exactly like (ready time, rank),
-    # with one int64 comparison and no indirection.
-    low = np.int64(0xFFFFFFFF)
-    epoch = np.int64(0)
-    running = np.zeros(D, np.bool_)
+    def a(x, dt=ip):
+        return np.ascontiguousarray(x, dt)
 
-    missing = n_inputs.copy()
-    out_refs = np.zeros(n, np.int64)
-    x_refs = np.zeros(max(n_data, 1), np.int64)
-    x_next = np.full(max(n_data, 1), -1, np.int64)
-    copy_of = np.full(nt * D, -1, np.int64)
-    n_x = 0
+    xcost = np.ascontiguousarray(cluster.transfer_costs(), np.float64)
+    return Net(
+        T=a(T, np.float64), rank=a(graph.topo_rank), topo_order=a(graph.topo_order),
+        out_bytes=a(graph.out_bytes, np.int64), tensor_op=a(graph.tensor_op),
+        tensor_bytes=a(graph.tensor_bytes, np.int64), op_tensor_ptr=a(c.op_tensor_ptr), tensor_ptr=a(c.tensor_ptr),
+        tensor_cons=a(c.tensor_cons), ctrl_ptr=a(c.ctrl_ptr), ctrl_dst=a(c.ctrl_dst), in_ptr=a(c.in_ptr),
+        in_tensor=a(c.in_tensor), n_inputs=a(c.n_inputs), latency=a(cluster.latency_us, np.float64),
+        bandwidth=a(cluster.bandwidth_bytes_per_us, np.float64), xcost=xcost, has_tasks=bool(np.any(xcost != 0)),
+    )
 
+
+class Work(NamedTuple):
+    """The engine's running state (and the trace of the last run)."""
+
+    live: np.ndarray  # int64 [D] output and copy bytes held now
+    livepeak: np.ndarray  # int64 [D]
+    seg: np.ndarray  # int64 [D] live peak since the last checkpoint
+    busy: np.ndarray  # float64 [D]
+    running: np.ndarray  # bool [D]
+    rq: np.ndarray  # int64 [n] ready-op heaps, one slice per device
+    rq_base: np.ndarray  # [D]
+    rq_size: np.ndarray  # [D]
+    tq_k1: np.ndarray  # int64 task heaps: (epoch << 32) | producer rank
+    tq_k2: np.ndarray  # int64 (tensor * D + destination) * 2 + kind - 1
+    tq_id: np.ndarray  # transfer * 2 + kind - 1
+    tq_base: np.ndarray  # [D]
+    tq_size: np.ndarray  # [D]
+    epoch_time: np.ndarray  # float64: time of each distinct event instant
+    missing: np.ndarray  # [n] inputs not yet on the op's device
+    out_refs: np.ndarray  # [n] holders of the op's outputs
+    x_tensor: np.ndarray  # per transfer, in creation order
+    x_src: np.ndarray
+    x_dst: np.ndarray
+    x_refs: np.ndarray  # consumers on the destination not yet finished
+    x_next: np.ndarray  # next transfer in the link queue
+    copy_of: np.ndarray  # [nt * D] transfer of (tensor, destination); see the module docstring
+    link_head: np.ndarray  # [D * D]
+    link_tail: np.ndarray
+    link_busy: np.ndarray
+    link_pending: np.ndarray  # link in ``pending`` (may start a transfer at the next dispatch)
+    pending: np.ndarray
+    ev_t: np.ndarray  # event heap: time, kind * key_span + (rank or transfer), op or transfer
+    ev_k: np.ndarray
+    ev_id: np.ndarray
+    op_start: np.ndarray  # float64 [n] (full runs only)
+    op_end: np.ndarray  # float64 [n]
+    x_start: np.ndarray  # float64 link start and end (full runs only)
+    x_end: np.ndarray
+    x_task: np.ndarray  # float64 [n_data, 4] send start, end, receive start, end; NaN if skipped
+    moved: np.ndarray  # bool [n] ops a move changed (incremental only)
+    mark: np.ndarray  # [n] scratch
+    sc: np.ndarray  # int64 [4]: n_ev, n_x, n_checkpoints, epoch
+    sf: np.ndarray  # float64 [2]: makespan, now (the last instant handled)
+
+
+@njit(cache=True)
+def make_work(n, nt, n_data, D):
+    """A Work for graphs of n ops, nt tensors and n_data data edges on D devices."""
+    n1 = max(n, 1)
+    m = max(n_data, 1)
     L = D * D
-    link_head = np.full(L, -1, np.int64)
-    link_tail = np.full(L, -1, np.int64)
-    link_busy = np.zeros(L, np.bool_)
-    link_pending = np.zeros(L, np.bool_)
-    pending = np.empty(L, np.int64)
-    n_pending = 0
+    cap = n + 3 * n_data + 1
+    ip = np.intp
+    return Work(
+        np.zeros(D, np.int64), np.zeros(D, np.int64), np.zeros(D, np.int64), np.zeros(D), np.zeros(D, np.bool_),
+        np.zeros(n1, np.int64), np.zeros(D, ip), np.zeros(D, ip),
+        np.zeros(2 * m, np.int64), np.zeros(2 * m, np.int64), np.zeros(2 * m, ip), np.zeros(D, ip), np.zeros(D, ip),
+        np.zeros(cap + 1), np.zeros(n1, ip), np.zeros(n1, ip),
+        np.zeros(m, ip), np.zeros(m, ip), np.zeros(m, ip), np.zeros(m, ip), np.zeros(m, ip),
+        np.full(max(nt, 1) * D, -1, ip),
+        np.full(L, -1, ip), np.full(L, -1, ip), np.zeros(L, np.bool_), np.zeros(L, np.bool_), np.zeros(L, ip),
+        np.zeros(cap), np.zeros(cap, np.int64), np.zeros(cap, ip),
+        np.zeros(n1), np.zeros(n1), np.zeros(m), np.zeros(m), np.zeros((m, 4)),
+        np.zeros(n1, np.bool_), np.zeros(n1, ip), np.zeros(4, np.int64), np.zeros(2),
+    )
 
-    cap = n + n_data + 1
-    ev_t = np.empty(cap, np.float64)
-    ev_k = np.empty(cap, np.int64)
-    ev_id = np.empty(cap, np.int64)
-    n_ev = 0
-    key_span = np.int64(max(n, n_data) + 1)
 
+def work_for(net: Net) -> Work:
+    """A Work sized for ``net``."""
+    n, D = net.T.shape
+    return make_work(n, net.tensor_op.shape[0], net.tensor_cons.shape[0], D)
+
+
+class Checkpoints(NamedTuple):
+    """Saved states of a base run (leading axis: checkpoint)."""
+
+    f: np.ndarray  # float64 [C, 3]: next event time, makespan, now
+    i: np.ndarray  # int64 [C, 8]: n_x, n_ev, epoch, clean, 2 checksums, task offset, task count
+    busy: np.ndarray  # [C, D]
+    live: np.ndarray
+    livepeak: np.ndarray
+    running: np.ndarray
+    rqsize: np.ndarray
+    tqsize: np.ndarray
+    link: np.ndarray  # [C, 3, L] head, tail, busy
+    ev_t: np.ndarray  # [C, E] the event heap
+    ev_k: np.ndarray
+    ev_id: np.ndarray
+    op: np.ndarray  # [C, 2, n] missing, out_refs
+    rq: np.ndarray  # [C, n] ready-op keys, device by device
+    rqready: np.ndarray  # [C, n] their ready times
+    x: np.ndarray  # [C, 2, n_data] refs, next
+    seg: np.ndarray  # [C, D] live peak of the segment that starts at each checkpoint
+    alive: np.ndarray  # [C] transfers with refs > 0
+    tq_k1: np.ndarray  # [P] pool of saved task heaps (checkpoint j at i[j, 6], i[j, 7] long)
+    tq_k2: np.ndarray
+    tq_id: np.ndarray
+    tq_ready: np.ndarray
+
+
+@njit(cache=True)
+def make_checkpoints(C, n, n_data, D, pool):
+    """Room for C checkpoints; ``pool`` queued send/receive tasks across all of them."""
+    L, E = D * D, 2 * D + D * D
+    n1, m, P = max(n, 1), max(n_data, 1), max(pool, 1)
+    return Checkpoints(
+        np.zeros((C, 3)), np.zeros((C, 8), np.int64), np.zeros((C, D)), np.zeros((C, D), np.int64),
+        np.zeros((C, D), np.int64), np.zeros((C, D), np.bool_), np.zeros((C, D), np.intp), np.zeros((C, D), np.intp),
+        np.zeros((C, 3, L), np.intp), np.zeros((C, E)), np.zeros((C, E), np.int64), np.zeros((C, E), np.intp),
+        np.zeros((C, 2, n1), np.intp), np.zeros((C, n1), np.int64), np.zeros((C, n1)), np.zeros((C, 2, m), np.intp),
+        np.zeros((C, D), np.int64), np.zeros(C, np.int64),
+        np.zeros(P, np.int64), np.zeros(P, np.int64), np.zeros(P, np.intp), np.zeros(P),
+    )
+
+
+class Base(NamedTuple):
+    """The base run's transfers (tensor, source, destination) and copy table."""
+
+    x_tensor: np.ndarray
+    x_src: np.ndarray
+    x_dst: np.ndarray
+    copy_of: np.ndarray
+
+
+@njit(cache=True)
+def make_base(nt, n_data, D):
+    """Room for the base run's transfers."""
+    m = max(n_data, 1)
+    return Base(np.zeros(m, np.intp), np.zeros(m, np.intp), np.zeros(m, np.intp), np.full(max(nt, 1) * D, -1, np.intp))
+
+
+# ------------------------------------------------------------------ set-up
+@njit(cache=True)
+def set_bases(net, w, placement):
+    """Slice the ready-op and task heap buffers by device for ``placement``."""
+    net_in_ptr = net.in_ptr
+    net_op_tensor_ptr = net.op_tensor_ptr
+    net_tensor_ptr = net.tensor_ptr
+    w_live = w.live
+    w_rq_base = w.rq_base
+    w_rq_size = w.rq_size
+    w_tq_base = w.tq_base
+    w_tq_size = w.tq_size
+    D = w_live.shape[0]
+    n = placement.shape[0]
+    for d in range(D):
+        w_rq_size[d] = 0  # used as a counter here
+        w_tq_size[d] = 0
     for op in range(n):
-        if missing[op] == 0:
+        w_rq_size[placement[op]] += 1
+    acc = 0
+    for d in range(D):
+        w_rq_base[d] = acc
+        acc += w_rq_size[d]
+    if net.has_tasks:
+        # a device holds at most one send task per data edge out of its ops and one
+        # receive task per data edge into them
+        for op in range(n):
             d = placement[op]
-            keyheap_push(rq, rq_base[d], rq_size[d], np.int64(rank[op]))
-            rq_size[d] += 1
-
-    now = 0.0
-    makespan = 0.0
-    while True:
-        # ---- dispatch: idle devices start their best ready op, idle links their oldest transfer
+            w_tq_size[d] += (net_tensor_ptr[net_op_tensor_ptr[op + 1]] - net_tensor_ptr[net_op_tensor_ptr[op]]
+                             + net_in_ptr[op + 1] - net_in_ptr[op])
+        acc = 0
         for d in range(D):
-            if not running[d] and rq_size[d] > 0:
-                op = topo_order[keyheap_pop(rq, rq_base[d], rq_size[d]) & low]
+            w_tq_base[d] = acc
+            acc += w_tq_size[d]
+
+
+@njit(cache=True)
+def init_fresh(net, w, placement):
+    """The state at time 0 before the first dispatch."""
+    net_n_inputs = net.n_inputs
+    net_rank = net.rank
+    w_busy = w.busy
+    w_epoch_time = w.epoch_time
+    w_link_busy = w.link_busy
+    w_link_head = w.link_head
+    w_link_pending = w.link_pending
+    w_link_tail = w.link_tail
+    w_live = w.live
+    w_livepeak = w.livepeak
+    w_missing = w.missing
+    w_out_refs = w.out_refs
+    w_rq = w.rq
+    w_rq_base = w.rq_base
+    w_rq_size = w.rq_size
+    w_running = w.running
+    w_sc = w.sc
+    w_seg = w.seg
+    w_sf = w.sf
+    w_tq_size = w.tq_size
+    n = placement.shape[0]
+    D = w_live.shape[0]
+    set_bases(net, w, placement)
+    for d in range(D):
+        w_live[d] = 0
+        w_livepeak[d] = 0
+        w_seg[d] = 0
+        w_busy[d] = 0.0
+        w_running[d] = False
+        w_rq_size[d] = 0
+        w_tq_size[d] = 0
+    for l in range(D * D):
+        w_link_head[l] = -1
+        w_link_tail[l] = -1
+        w_link_busy[l] = False
+        w_link_pending[l] = False
+    for op in range(n):
+        w_missing[op] = net_n_inputs[op]
+        w_out_refs[op] = 0
+        if w_missing[op] == 0:
+            d = placement[op]
+            keyheap_push(w_rq, w_rq_base[d], w_rq_size[d], np.int64(net_rank[op]))
+            w_rq_size[d] += 1
+    w_epoch_time[0] = 0.0
+    w_sc[0] = 0
+    w_sc[1] = 0
+    w_sc[3] = 0
+    w_sf[0] = 0.0
+    w_sf[1] = 0.0
+
+
+# ---------------------------------------------------------------- the loop
+@njit(cache=True, inline="always")
+def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, check, INCR):
+    """Run from the state in ``w`` to the end of the step.
+
+    With ``INCR`` (a literal): ``record`` saves a checkpoint every ``every`` events into
+    the slots after ``start_ck``; ``check`` compares the state with the base run's
+    checkpoints after ``start_ck`` (up to ``n_ck``) and stops at the first that matches.
+    Returns the matched checkpoint or -1; the makespan is left in ``w.sf[0]``.
+    """
+    T, rank, topo_order, out_bytes = net.T, net.rank, net.topo_order, net.out_bytes
+    tensor_op, tensor_bytes, op_tensor_ptr = net.tensor_op, net.tensor_bytes, net.op_tensor_ptr
+    tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst = net.tensor_ptr, net.tensor_cons, net.ctrl_ptr, net.ctrl_dst
+    in_ptr, in_tensor, latency, bandwidth, xcost = net.in_ptr, net.in_tensor, net.latency, net.bandwidth, net.xcost
+    has_tasks = net.has_tasks
+    live, livepeak, seg, busy, running = w.live, w.livepeak, w.seg, w.busy, w.running
+    rq, rq_base, rq_size = w.rq, w.rq_base, w.rq_size
+    tq_k1, tq_k2, tq_id, tq_base, tq_size = w.tq_k1, w.tq_k2, w.tq_id, w.tq_base, w.tq_size
+    epoch_time, missing, out_refs = w.epoch_time, w.missing, w.out_refs
+    x_tensor, x_src, x_dst, x_refs, x_next, copy_of = w.x_tensor, w.x_src, w.x_dst, w.x_refs, w.x_next, w.copy_of
+    link_head, link_tail, link_busy = w.link_head, w.link_tail, w.link_busy
+    link_pending, pending = w.link_pending, w.pending
+    ev_t, ev_k, ev_id = w.ev_t, w.ev_k, w.ev_id
+    op_start, op_end, x_start, x_end, x_task, moved = w.op_start, w.op_end, w.x_start, w.x_end, w.x_task, w.moved
+
+    D = live.shape[0]
+    n = placement.shape[0]
+    key_span = np.int64(max(n, tensor_cons.shape[0]) + 1)
+    n_ev = w.sc[0]
+    n_x = w.sc[1]
+    epoch = w.sc[3]
+    makespan = w.sf[0]
+    now = w.sf[1]
+    n_pending = 0
+    if INCR:
+        # pending links are not part of a checkpoint: after a restore every link may start
+        for l in range(D * D):
+            link_pending[l] = False
+            if not link_busy[l] and link_head[l] >= 0:
+                link_pending[l] = True
+                pending[n_pending] = l
+                n_pending += 1
+    cap_ck = ck.f.shape[0]
+    n_moved = moved_ops.shape[0]
+    n_moved_done = 0
+    next_ck = start_ck + 1
+    since = every if start_ck < 0 else 0
+    cj = start_ck + 1  # next base checkpoint to compare against
+    fresh = start_ck < 0  # no event handled yet
+    # rank-weighted sums of missing inputs and output references: a cheap first test of
+    # whether two states can be equal
+    wm = np.int64(0)
+    wo = np.int64(0)
+    if INCR:
+        for op in range(n):
+            wm += missing[op] * np.int64(rank[op] + 1)
+            wo += out_refs[op] * np.int64(rank[op] + 1)
+
+    matched = -1
+    while True:
+        # ---- dispatch: idle devices start their best ready task, idle links their oldest transfer
+        for d in range(D):
+            if running[d]:
+                continue
+            if has_tasks and tq_size[d] > 0 and (rq_size[d] == 0 or tq_k1[tq_base[d]] < rq[rq_base[d]]):
+                b0 = tq_base[d]
+                task = tq_id[b0]
+                tq_size[d] = heap_pop(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[d])
+                x = task >> 1
+                recv = task & 1
+                b = tensor_bytes[x_tensor[x]]
+                dur = xcost[2 * recv, d] + b * xcost[2 * recv + 1, d]
+                running[d] = True
+                busy[d] += dur
+                if not INCR:
+                    x_task[x, 2 * recv] = now
+                    x_task[x, 2 * recv + 1] = now + dur
+                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, now + dur, (SEND_DONE + 2 * recv) * key_span + x, x)
+            elif rq_size[d] > 0:
+                op = topo_order[keyheap_pop(rq, rq_base[d], rq_size[d]) & LOW]
                 rq_size[d] -= 1
                 running[d] = True
-                op_start[op] = now
                 end = now + T[op, d]
+                if not INCR:
+                    op_start[op] = now
                 op_end[op] = end
                 busy[d] += T[op, d]
-                mem[d] += out_bytes[op]
-                if mem[d] > peak[d]:
-                    peak[d] = mem[d]
+                live[d] += out_bytes[op]
+                if live[d] > livepeak[d]:
+                    livepeak[d] = live[d]
+                if INCR and live[d] > seg[d]:
+                    seg[d] = live[d]
                 n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, end, OP_DONE * key_span + rank[op], op)
         for k in range(n_pending):
             l = pending[k]
@@ -214,28 +506,73 @@ def simulate_into(
                 s = x_src[x]
                 dd = x_dst[x]
                 b = tensor_bytes[x_tensor[x]]
-                x_start[x] = now
-                x_end[x] = now + (latency[s, dd] + b / bandwidth[s, dd])
-                mem[dd] += b
-                if mem[dd] > peak[dd]:
-                    peak[dd] = mem[dd]
-                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, x_end[x], XFER_DONE * key_span + x, x)
+                t_end = now + (latency[s, dd] + b / bandwidth[s, dd])
+                if not INCR:
+                    x_start[x] = now
+                    x_end[x] = t_end
+                live[dd] += b
+                if live[dd] > livepeak[dd]:
+                    livepeak[dd] = live[dd]
+                if INCR and live[dd] > seg[dd]:
+                    seg[dd] = live[dd]
+                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, t_end, XFER_DONE * key_span + x, x)
         n_pending = 0
 
         if n_ev == 0:
             break
+        if INCR and record and since >= every and next_ck < cap_ck and n_ev <= ck.ev_t.shape[1]:
+            if save(ck, next_ck, w, placement, now, epoch, 1 if (now < ev_t[0] or fresh) else 0, n_ev, n_x,
+                    makespan, wm, wo):
+                next_ck += 1
+                since = 0
+        if INCR and check:
+            while cj < n_ck and ck.f[cj, 0] < ev_t[0]:
+                cj += 1
+            if cj < n_ck and ck.f[cj, 0] == ev_t[0]:
+                if n_moved_done == n_moved and converged(net, ck, base, cj, w, placement, moved_ops, n_ev, n_x,
+                                                         key_span, wm, wo):
+                    matched = cj
+                    break
+                cj += 1
         # ---- handle every event of the next instant
         if ev_t[0] > now:
             epoch += 1
+            epoch_time[epoch] = ev_t[0]
         now = ev_t[0]
         while n_ev > 0 and ev_t[0] == now:
             kind_key = ev_k[0]
             i = ev_id[0]
-            n_ev = heap_pop(ev_t, ev_k, ev_id, n_ev)
-            if kind_key < key_span:  # an op finished
+            # pop the event heap (written out: a call per event costs more than the sift)
+            n_ev -= 1
+            lt, lk, li = ev_t[n_ev], ev_k[n_ev], ev_id[n_ev]
+            j = 0
+            while True:
+                c = 2 * j + 1
+                if c >= n_ev:
+                    break
+                if c + 1 < n_ev and (ev_t[c + 1] < ev_t[c] or (ev_t[c + 1] == ev_t[c] and ev_k[c + 1] < ev_k[c])):
+                    c += 1
+                if ev_t[c] < lt or (ev_t[c] == lt and ev_k[c] < lk):
+                    ev_t[j] = ev_t[c]
+                    ev_k[j] = ev_k[c]
+                    ev_id[j] = ev_id[c]
+                    j = c
+                else:
+                    break
+            if n_ev > 0:
+                ev_t[j] = lt
+                ev_k[j] = lk
+                ev_id[j] = li
+            if INCR:
+                since += 1
+                fresh = False
+            if kind_key < key_span:
+                # -- an op ended: free what its inputs held, hand its outputs on
                 op = i
                 d = placement[op]
                 running[d] = False
+                if INCR and moved[op]:
+                    n_moved_done += 1
                 if now > makespan:
                     makespan = now
                 for e in range(in_ptr[op], in_ptr[op + 1]):
@@ -243,13 +580,14 @@ def simulate_into(
                     prod = tensor_op[t]
                     if placement[prod] == d:
                         out_refs[prod] -= 1
+                        wo -= rank[prod] + 1
                         if out_refs[prod] == 0:
-                            mem[d] -= out_bytes[prod]
+                            live[d] -= out_bytes[prod]
                     else:
                         x = copy_of[t * D + d]
                         x_refs[x] -= 1
                         if x_refs[x] == 0:
-                            mem[d] -= tensor_bytes[t]
+                            live[d] -= tensor_bytes[t]
                 refs = 0
                 for t in range(op_tensor_ptr[op], op_tensor_ptr[op + 1]):
                     for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
@@ -258,42 +596,74 @@ def simulate_into(
                         if dc == d:
                             refs += 1
                             missing[c] -= 1
+                            wm -= rank[c] + 1
                             if missing[c] == 0:
                                 keyheap_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
                                 rq_size[dc] += 1
-                        elif copy_of[t * D + dc] >= 0:
-                            x_refs[copy_of[t * D + dc]] += 1
-                        else:
-                            x = n_x
-                            n_x += 1
-                            copy_of[t * D + dc] = x
-                            x_tensor[x] = t
-                            x_src[x] = d
-                            x_dst[x] = dc
-                            x_refs[x] = 1
+                            continue
+                        x = copy_of[t * D + dc]
+                        if x >= 0 and x < n_x and x_tensor[x] == t and x_dst[x] == dc:
+                            x_refs[x] += 1  # already on its way there
+                            continue
+                        x = n_x
+                        n_x += 1
+                        copy_of[t * D + dc] = x
+                        x_tensor[x] = t
+                        x_src[x] = d
+                        x_dst[x] = dc
+                        x_refs[x] = 1
+                        refs += 1
+                        if not INCR:
+                            for k in range(4):
+                                x_task[x, k] = np.nan
+                        if has_tasks and xcost[0, d] + tensor_bytes[t] * xcost[1, d] != 0.0:
                             x_next[x] = -1
-                            l = d * D + dc
-                            if link_tail[l] >= 0:
-                                x_next[link_tail[l]] = x
-                            else:
-                                link_head[l] = x
-                            link_tail[l] = x
-                            if not link_pending[l]:
-                                link_pending[l] = True
-                                pending[n_pending] = l
-                                n_pending += 1
-                            refs += 1
+                            b0 = tq_base[d]
+                            tq_size[d] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[d],
+                                                   (epoch << 32) | rank[op], (t * D + dc) * 2, x * 2)
+                            continue
+                        l = d * D + dc
+                        x_next[x] = -1
+                        if link_tail[l] >= 0:
+                            x_next[link_tail[l]] = x
+                        else:
+                            link_head[l] = x
+                        link_tail[l] = x
+                        if not link_pending[l]:
+                            link_pending[l] = True
+                            pending[n_pending] = l
+                            n_pending += 1
                 for e in range(ctrl_ptr[op], ctrl_ptr[op + 1]):
                     c = ctrl_dst[e]
                     missing[c] -= 1
+                    wm -= rank[c] + 1
                     if missing[c] == 0:
                         dc = placement[c]
                         keyheap_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
                         rq_size[dc] += 1
                 out_refs[op] = refs
+                wo += refs * np.int64(rank[op] + 1)
                 if refs == 0:
-                    mem[d] -= out_bytes[op]
-            else:  # a transfer arrived
+                    live[d] -= out_bytes[op]
+            elif kind_key < 2 * key_span:
+                # -- a send task ended: the transfer joins its link's queue
+                x = i
+                s = x_src[x]
+                running[s] = False
+                l = s * D + x_dst[x]
+                x_next[x] = -1
+                if link_tail[l] >= 0:
+                    x_next[link_tail[l]] = x
+                else:
+                    link_head[l] = x
+                link_tail[l] = x
+                if not link_pending[l]:
+                    link_pending[l] = True
+                    pending[n_pending] = l
+                    n_pending += 1
+            elif kind_key < 3 * key_span:
+                # -- a link transfer ended: the link is free, the source copy may be
+                # freed, the tensor is on its destination unless a receive task runs first
                 x = i
                 t = x_tensor[x]
                 s = x_src[x]
@@ -306,44 +676,493 @@ def simulate_into(
                     n_pending += 1
                 prod = tensor_op[t]
                 out_refs[prod] -= 1
+                wo -= rank[prod] + 1
                 if out_refs[prod] == 0:
-                    mem[s] -= out_bytes[prod]
+                    live[s] -= out_bytes[prod]
+                if has_tasks and xcost[2, dd] + tensor_bytes[t] * xcost[3, dd] != 0.0:
+                    b0 = tq_base[dd]
+                    tq_size[dd] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[dd],
+                                            (epoch << 32) | rank[prod], (t * D + dd) * 2 + 1, x * 2 + 1)
+                    continue
+                for e in range(tensor_ptr[t], tensor_ptr[t + 1]):  # the tensor is on dd
+                    c = tensor_cons[e]
+                    if placement[c] == dd:
+                        missing[c] -= 1
+                        wm -= rank[c] + 1
+                        if missing[c] == 0:
+                            keyheap_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
+                            rq_size[dd] += 1
+            else:
+                # -- a receive task ended: the tensor is on its destination
+                x = i
+                t = x_tensor[x]
+                dd = x_dst[x]
+                running[dd] = False
                 for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
                     c = tensor_cons[e]
                     if placement[c] == dd:
                         missing[c] -= 1
+                        wm -= rank[c] + 1
                         if missing[c] == 0:
                             keyheap_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
                             rq_size[dd] += 1
-    return makespan, n_x
+    if INCR and record and next_ck > 0 and matched < 0:
+        for d in range(D):
+            ck.seg[next_ck - 1, d] = seg[d]
+    w.sc[0] = n_ev
+    w.sc[1] = n_x
+    w.sc[3] = epoch
+    if INCR and record:
+        w.sc[2] = next_ck
+    w.sf[0] = makespan
+    w.sf[1] = now
+    return matched
+
+
+# ---------------------------------------------------------- entry points
+@njit(cache=True, error_model="numpy")
+def simulate_full(net, w, placement):
+    """Simulate one placement from scratch; returns (makespan, n_transfers), or
+    (inf, 0) if some op has no kernel on its device. Busy time, live peak and the
+    trace are left in ``w``."""
+    n = placement.shape[0]
+    for op in range(n):
+        if not np.isfinite(net.T[op, placement[op]]):
+            return np.inf, 0
+    init_fresh(net, w, placement)
+    _run(net, w, make_checkpoints(0, 0, 0, 0, 0), make_base(0, 0, 0), placement, np.zeros(0, np.intp), -1, 0,
+         False, 1, False, False)
+    return w.sf[0], w.sc[1]
+
+
+@njit(cache=True)
+def placement_violation(placement, op_group_first, T):
+    """(first op not on its group's device, first op without a kernel on its device), -1 if none."""
+    split = -1
+    nok = -1
+    for op in range(placement.shape[0]):
+        if split < 0 and placement[op] != placement[op_group_first[op]]:
+            split = op
+        if nok < 0 and not np.isfinite(T[op, placement[op]]):
+            nok = op
+    return split, nok
+
+
+@njit(cache=True)
+def device_peak(livepeak, placement, param_bytes):
+    """Peak memory per device: its parameters plus its peak live bytes."""
+    peak = livepeak.copy()
+    for op in range(placement.shape[0]):
+        peak[placement[op]] += param_bytes[op]
+    return peak
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def simulate_batch(
-    placements, T, rank, topo_order, out_bytes, param_bytes, tensor_op, tensor_bytes,
-    op_tensor_ptr, tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst, in_ptr, in_tensor, n_inputs,
-    latency, bandwidth, step, busy, peak,
-):
-    """Simulate each row of ``placements`` in parallel; fills step, busy, peak."""
+def simulate_batch(net, placements, params, step, busy, peak, chunks):
+    """Simulate each row of ``placements`` in parallel, ``chunks`` runs of rows each with
+    its own Work; fills step, busy and peak (``params``: parameter bytes per op)."""
     B, n = placements.shape
-    n_data = max(tensor_cons.shape[0], 1)
-    for b in prange(B):
-        op_start = np.empty(n, np.float64)
-        op_end = np.empty(n, np.float64)
-        x_tensor = np.empty(n_data, np.int64)
-        x_src = np.empty(n_data, np.int64)
-        x_dst = np.empty(n_data, np.int64)
-        x_start = np.empty(n_data, np.float64)
-        x_end = np.empty(n_data, np.float64)
-        ms, _ = simulate_into(
-            placements[b], T, rank, topo_order, out_bytes, param_bytes, tensor_op, tensor_bytes,
-            op_tensor_ptr, tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst, in_ptr, in_tensor, n_inputs,
-            latency, bandwidth, op_start, op_end, busy[b], peak[b],
-            x_tensor, x_src, x_dst, x_start, x_end,
-        )
-        step[b] = ms
+    D = net.T.shape[1]
+    for c in prange(chunks):
+        w = make_work(n, net.tensor_op.shape[0], net.tensor_cons.shape[0], D)
+        for b in range(c * B // chunks, (c + 1) * B // chunks):
+            ms, _ = simulate_full(net, w, placements[b])
+            step[b] = ms
+            for d in range(D):
+                busy[b, d] = w.busy[d]
+                peak[b, d] = w.livepeak[d]
+            for op in range(n):
+                peak[b, placements[b, op]] += params[op]
 
 
+@njit(cache=True, error_model="numpy")
+def run_incremental(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, check):
+    """Run on from the state in ``w`` (a fresh start or a restored checkpoint); see
+    :func:`_run`. Returns the matched checkpoint or -1."""
+    return _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, check, True)
+
+
+# ------------------------------------------------------------ checkpoints
+@njit(cache=True, inline="always")
+def _saved_tasks(ck, j):
+    """Offset in the task pool where checkpoint j's tasks go."""
+    return 0 if j == 0 else ck.i[j - 1, 6] + ck.i[j - 1, 7]
+
+
+@njit(cache=True)
+def save(ck, j, w, placement, now, epoch, clean, n_ev, n_x, makespan, wm, wo):
+    """Store the state at the top of the loop (every instant before ev_t[0] handled)
+    as checkpoint j; False (nothing stored) if its queued tasks do not fit the pool."""
+    ck_alive = ck.alive
+    ck_busy = ck.busy
+    ck_ev_id = ck.ev_id
+    ck_ev_k = ck.ev_k
+    ck_ev_t = ck.ev_t
+    ck_f = ck.f
+    ck_i = ck.i
+    ck_link = ck.link
+    ck_live = ck.live
+    ck_livepeak = ck.livepeak
+    ck_op = ck.op
+    ck_rq = ck.rq
+    ck_rqready = ck.rqready
+    ck_rqsize = ck.rqsize
+    ck_running = ck.running
+    ck_seg = ck.seg
+    ck_tq_id = ck.tq_id
+    ck_tq_k1 = ck.tq_k1
+    ck_tq_k2 = ck.tq_k2
+    ck_tq_ready = ck.tq_ready
+    ck_tqsize = ck.tqsize
+    ck_x = ck.x
+    w_busy = w.busy
+    w_epoch_time = w.epoch_time
+    w_ev_id = w.ev_id
+    w_ev_k = w.ev_k
+    w_ev_t = w.ev_t
+    w_link_busy = w.link_busy
+    w_link_head = w.link_head
+    w_link_tail = w.link_tail
+    w_live = w.live
+    w_livepeak = w.livepeak
+    w_missing = w.missing
+    w_out_refs = w.out_refs
+    w_rq = w.rq
+    w_rq_base = w.rq_base
+    w_rq_size = w.rq_size
+    w_running = w.running
+    w_seg = w.seg
+    w_tq_base = w.tq_base
+    w_tq_id = w.tq_id
+    w_tq_k1 = w.tq_k1
+    w_tq_k2 = w.tq_k2
+    w_tq_size = w.tq_size
+    w_x_next = w.x_next
+    w_x_refs = w.x_refs
+    D = w_live.shape[0]
+    off = _saved_tasks(ck, j)
+    n_tasks = 0
+    for d in range(D):
+        n_tasks += w_tq_size[d]
+    if off + n_tasks > ck_tq_k1.shape[0]:
+        return False
+    if j > 0:
+        for d in range(D):
+            ck_seg[j - 1, d] = w_seg[d]
+    for d in range(D):
+        w_seg[d] = 0
+    ck_f[j, 0] = w_ev_t[0]
+    ck_f[j, 1] = makespan
+    ck_f[j, 2] = now
+    ck_i[j, 0] = n_x
+    ck_i[j, 1] = n_ev
+    ck_i[j, 2] = epoch
+    ck_i[j, 3] = clean
+    ck_i[j, 4] = wm
+    ck_i[j, 5] = wo
+    ck_i[j, 6] = off
+    ck_i[j, 7] = n_tasks
+    for d in range(D):
+        ck_busy[j, d] = w_busy[d]
+        ck_live[j, d] = w_live[d]
+        ck_livepeak[j, d] = w_livepeak[d]
+        ck_running[j, d] = w_running[d]
+        ck_rqsize[j, d] = w_rq_size[d]
+        ck_tqsize[j, d] = w_tq_size[d]
+    for l in range(D * D):
+        ck_link[j, 0, l] = w_link_head[l]
+        ck_link[j, 1, l] = w_link_tail[l]
+        ck_link[j, 2, l] = 1 if w_link_busy[l] else 0
+    for e in range(n_ev):
+        ck_ev_t[j, e] = w_ev_t[e]
+        ck_ev_k[j, e] = w_ev_k[e]
+        ck_ev_id[j, e] = w_ev_id[e]
+    n = placement.shape[0]
+    for op in range(n):
+        ck_op[j, 0, op] = w_missing[op]
+        ck_op[j, 1, op] = w_out_refs[op]
+    k = 0
+    for d in range(D):
+        for i in range(w_rq_size[d]):
+            key = w_rq[w_rq_base[d] + i]
+            ck_rq[j, k] = key
+            ck_rqready[j, k] = w_epoch_time[key >> 32]
+            k += 1
+    k = off
+    for d in range(D):
+        for i in range(w_tq_size[d]):
+            a = w_tq_base[d] + i
+            ck_tq_k1[k] = w_tq_k1[a]
+            ck_tq_k2[k] = w_tq_k2[a]
+            ck_tq_id[k] = w_tq_id[a]
+            ck_tq_ready[k] = w_epoch_time[w_tq_k1[a] >> 32]
+            k += 1
+    alive = 0
+    for x in range(n_x):
+        ck_x[j, 0, x] = w_x_refs[x]
+        ck_x[j, 1, x] = w_x_next[x]
+        if w_x_refs[x] > 0:
+            alive += 1
+    ck_alive[j] = alive
+    return True
+
+
+@njit(cache=True)
+def restore(net, w, ck, base, j, placement):
+    """Load checkpoint ``j`` under ``placement`` (the base run's transfers keep their ids).
+
+    Valid when no op whose device changed has been touched before the checkpoint: it
+    is in no ready heap, running, or an input's destination yet.
+    """
+    base_x_dst = base.x_dst
+    base_x_src = base.x_src
+    base_x_tensor = base.x_tensor
+    ck_busy = ck.busy
+    ck_ev_id = ck.ev_id
+    ck_ev_k = ck.ev_k
+    ck_ev_t = ck.ev_t
+    ck_f = ck.f
+    ck_i = ck.i
+    ck_link = ck.link
+    ck_live = ck.live
+    ck_livepeak = ck.livepeak
+    ck_op = ck.op
+    ck_rq = ck.rq
+    ck_rqready = ck.rqready
+    ck_rqsize = ck.rqsize
+    ck_running = ck.running
+    ck_tq_id = ck.tq_id
+    ck_tq_k1 = ck.tq_k1
+    ck_tq_k2 = ck.tq_k2
+    ck_tq_ready = ck.tq_ready
+    ck_tqsize = ck.tqsize
+    ck_x = ck.x
+    w_busy = w.busy
+    w_copy_of = w.copy_of
+    w_epoch_time = w.epoch_time
+    w_ev_id = w.ev_id
+    w_ev_k = w.ev_k
+    w_ev_t = w.ev_t
+    w_link_busy = w.link_busy
+    w_link_head = w.link_head
+    w_link_tail = w.link_tail
+    w_live = w.live
+    w_livepeak = w.livepeak
+    w_missing = w.missing
+    w_out_refs = w.out_refs
+    w_rq = w.rq
+    w_rq_base = w.rq_base
+    w_rq_size = w.rq_size
+    w_running = w.running
+    w_sc = w.sc
+    w_seg = w.seg
+    w_sf = w.sf
+    w_tq_base = w.tq_base
+    w_tq_id = w.tq_id
+    w_tq_k1 = w.tq_k1
+    w_tq_k2 = w.tq_k2
+    w_tq_size = w.tq_size
+    w_x_dst = w.x_dst
+    w_x_next = w.x_next
+    w_x_refs = w.x_refs
+    w_x_src = w.x_src
+    w_x_tensor = w.x_tensor
+    D = w_live.shape[0]
+    set_bases(net, w, placement)
+    n_x = ck_i[j, 0]
+    n_ev = ck_i[j, 1]
+    for d in range(D):
+        w_busy[d] = ck_busy[j, d]
+        w_live[d] = ck_live[j, d]
+        w_livepeak[d] = ck_livepeak[j, d]
+        w_seg[d] = 0
+        w_running[d] = ck_running[j, d]
+        w_rq_size[d] = ck_rqsize[j, d]
+        w_tq_size[d] = ck_tqsize[j, d]
+    for l in range(D * D):
+        w_link_head[l] = ck_link[j, 0, l]
+        w_link_tail[l] = ck_link[j, 1, l]
+        w_link_busy[l] = ck_link[j, 2, l] != 0
+    for e in range(n_ev):
+        w_ev_t[e] = ck_ev_t[j, e]
+        w_ev_k[e] = ck_ev_k[j, e]
+        w_ev_id[e] = ck_ev_id[j, e]
+    n = placement.shape[0]
+    for op in range(n):
+        w_missing[op] = ck_op[j, 0, op]
+        w_out_refs[op] = ck_op[j, 1, op]
+    # heaps: the stored slices, re-based for this placement (pop order depends only on keys)
+    k = 0
+    for d in range(D):
+        for i in range(w_rq_size[d]):
+            key = ck_rq[j, k]
+            w_rq[w_rq_base[d] + i] = key
+            w_epoch_time[key >> 32] = ck_rqready[j, k]
+            k += 1
+    k = ck_i[j, 6]
+    for d in range(D):
+        for i in range(w_tq_size[d]):
+            a = w_tq_base[d] + i
+            w_tq_k1[a] = ck_tq_k1[k]
+            w_tq_k2[a] = ck_tq_k2[k]
+            w_tq_id[a] = ck_tq_id[k]
+            w_epoch_time[ck_tq_k1[k] >> 32] = ck_tq_ready[k]
+            k += 1
+    w_epoch_time[ck_i[j, 2]] = ck_f[j, 2]
+    for x in range(n_x):
+        t = base_x_tensor[x]
+        w_x_tensor[x] = t
+        w_x_src[x] = base_x_src[x]
+        w_x_dst[x] = base_x_dst[x]
+        w_x_refs[x] = ck_x[j, 0, x]
+        w_x_next[x] = ck_x[j, 1, x]
+        w_copy_of[t * D + base_x_dst[x]] = x
+    w_sc[0] = n_ev
+    w_sc[1] = n_x
+    w_sc[3] = ck_i[j, 2]
+    w_sf[0] = ck_f[j, 1]
+    w_sf[1] = ck_f[j, 2]
+
+
+@njit(cache=True)
+def converged(net, ck, base, j, w, placement, moved_ops, n_ev, n_x, key_span, wm, wo):
+    """Whether the running state equals base checkpoint ``j`` in everything that shapes
+    the future (transfer ids aside, which only name things). Cheap tests first."""
+    base_copy_of = base.copy_of
+    base_x_src = base.x_src
+    base_x_dst = base.x_dst
+    base_x_tensor = base.x_tensor
+    ck_alive = ck.alive
+    ck_ev_id = ck.ev_id
+    ck_ev_k = ck.ev_k
+    ck_ev_t = ck.ev_t
+    ck_i = ck.i
+    ck_link = ck.link
+    ck_live = ck.live
+    ck_op = ck.op
+    ck_rq = ck.rq
+    ck_rqready = ck.rqready
+    ck_rqsize = ck.rqsize
+    ck_running = ck.running
+    ck_tq_k2 = ck.tq_k2
+    ck_tq_ready = ck.tq_ready
+    ck_tqsize = ck.tqsize
+    ck_x = ck.x
+    w_epoch_time = w.epoch_time
+    w_ev_id = w.ev_id
+    w_ev_k = w.ev_k
+    w_ev_t = w.ev_t
+    w_link_busy = w.link_busy
+    w_link_head = w.link_head
+    w_live = w.live
+    w_mark = w.mark
+    w_missing = w.missing
+    w_out_refs = w.out_refs
+    w_rq = w.rq
+    w_rq_base = w.rq_base
+    w_rq_size = w.rq_size
+    w_running = w.running
+    w_tq_base = w.tq_base
+    w_tq_k1 = w.tq_k1
+    w_tq_k2 = w.tq_k2
+    w_tq_size = w.tq_size
+    w_x_dst = w.x_dst
+    w_x_next = w.x_next
+    w_x_refs = w.x_refs
+    w_x_src = w.x_src
+    w_x_tensor = w.x_tensor
+    if n_ev != ck_i[j, 1] or wm != ck_i[j, 4] or wo != ck_i[j, 5]:
+        return False
+    for i in range(moved_ops.shape[0]):
+        if w_out_refs[moved_ops[i]] != 0:
+            return False
+    D = w_live.shape[0]
+    for d in range(D):
+        if (w_live[d] != ck_live[j, d] or w_running[d] != ck_running[j, d] or w_rq_size[d] != ck_rqsize[j, d]
+                or w_tq_size[d] != ck_tqsize[j, d]):
+            return False
+    L = D * D
+    for l in range(L):
+        if w_link_busy[l] != (ck_link[j, 2, l] != 0):
+            return False
+    # pending events, as a multiset: ops by (time, op), transfer stages by (time, kind,
+    # tensor, src, dst)
+    for e in range(n_ev):
+        found = False
+        for f in range(n_ev):
+            if ck_ev_t[j, f] != w_ev_t[e]:
+                continue
+            if w_ev_k[e] < key_span:
+                if ck_ev_k[j, f] < key_span and ck_ev_id[j, f] == w_ev_id[e]:
+                    found = True
+                    break
+            elif ck_ev_k[j, f] // key_span == w_ev_k[e] // key_span:
+                x = w_ev_id[e]
+                y = ck_ev_id[j, f]
+                if base_x_tensor[y] != w_x_tensor[x] or base_x_src[y] != w_x_src[x] or base_x_dst[y] != w_x_dst[x]:
+                    continue
+                found = True
+                break
+        if not found:
+            return False
+    # ready heaps: same ops (by rank) with the same ready times on each device
+    k = 0
+    for d in range(D):
+        for i in range(w_rq_size[d]):
+            w_mark[ck_rq[j, k] & LOW] = k + 1
+            k += 1
+        ok = True
+        for i in range(w_rq_size[d]):
+            key = w_rq[w_rq_base[d] + i]
+            m = w_mark[key & LOW]
+            if m == 0 or w_epoch_time[key >> 32] != ck_rqready[j, m - 1]:
+                ok = False
+        k -= w_rq_size[d]
+        for i in range(w_rq_size[d]):
+            w_mark[ck_rq[j, k] & LOW] = 0
+            k += 1
+        if not ok:
+            return False
+    # task heaps: same tasks (by tensor, destination, kind) with the same ready times
+    k = ck_i[j, 6]
+    for d in range(D):
+        for i in range(w_tq_size[d]):
+            a = w_tq_base[d] + i
+            found = False
+            for f in range(k, k + w_tq_size[d]):
+                if ck_tq_k2[f] == w_tq_k2[a]:
+                    found = ck_tq_ready[f] == w_epoch_time[w_tq_k1[a] >> 32]
+                    break
+            if not found:
+                return False
+        k += w_tq_size[d]
+    # link queues, in order
+    for l in range(L):
+        x = w_link_head[l]
+        y = ck_link[j, 0, l]
+        while x >= 0 and y >= 0:
+            if w_x_tensor[x] != base_x_tensor[y]:
+                return False
+            x = w_x_next[x]
+            y = ck_x[j, 1, y]
+        if x >= 0 or y >= 0:
+            return False
+    n = placement.shape[0]
+    for op in range(n):
+        if w_missing[op] != ck_op[j, 0, op] or w_out_refs[op] != ck_op[j, 1, op]:
+            return False
+    # copies still held (refs > 0) on both sides: same tensor, route and refs
+    alive = 0
+    for x in range(n_x):
+        if w_x_refs[x] > 0:
+            alive += 1
+            y = base_copy_of[w_x_tensor[x] * D + w_x_dst[x]]
+            if y < 0 or y >= ck_i[j, 0] or base_x_src[y] != w_x_src[x] or ck_x[j, 0, y] != w_x_refs[x]:
+                return False
+    return alive == ck_alive[j]
+
+
+# ------------------------------------------------------------------ bounds
 @njit(cache=True)
 def critical_path(topo_order, w, succ_ptr, succ):
     """Longest path through the DAG with node weights ``w`` (edges cost nothing)."""

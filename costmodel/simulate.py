@@ -1,6 +1,6 @@
 """CostModel: the Python face of the compiled simulator.
 
->>> from costmodel import CostModel, synthetic, presets
+>>> from placetool.costmodel import CostModel, synthetic, presets
 >>> cm = CostModel(synthetic.layered(200, seed=0), presets.load_cluster("k80x2"))
 >>> r = cm.simulate(cm.single_device(1))
 >>> r.feasible and r.step_time_us > 0
@@ -9,9 +9,11 @@ True
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numba
 import numpy as np
 
 from . import kernels
@@ -25,7 +27,11 @@ class PlacementError(UserError):
 
 @dataclass
 class Trace:
-    """Start/end of every op and transfer (µs) of one simulated placement."""
+    """Start/end of every op and transfer (µs) of one simulated placement.
+
+    ``x_task[x]`` holds transfer x's send task (start, end) on its source and receive
+    task (start, end) on its destination; NaN where that stage costs nothing.
+    """
 
     placement: np.ndarray
     op_start: np.ndarray
@@ -35,10 +41,20 @@ class Trace:
     x_dst: np.ndarray
     x_start: np.ndarray
     x_end: np.ndarray
+    x_task: np.ndarray
 
     @property
     def n_transfers(self) -> int:
         return len(self.x_tensor)
+
+    def tasks(self) -> list[tuple[str, int, int, float, float]]:
+        """The send and receive tasks that ran: (kind "send" or "recv", transfer, device, start, end)."""
+        out = []
+        for x in range(self.n_transfers):
+            for k, kind, dev in ((0, "send", self.x_src[x]), (2, "recv", self.x_dst[x])):
+                if not np.isnan(self.x_task[x, k]):
+                    out.append((kind, x, int(dev), float(self.x_task[x, k]), float(self.x_task[x, k + 1])))
+        return out
 
     def to_chrome(self, graph, cluster) -> dict:
         """Chrome trace-event JSON (opens in Perfetto or chrome://tracing); one row per
@@ -52,6 +68,14 @@ class Trace:
                 "tid": int(self.placement[op]), "ts": float(self.op_start[op]),
                 "dur": float(self.op_end[op] - self.op_start[op]),
                 "args": {"op_type": graph.op_types[op]},
+            })
+        for kind, x, dev, t0, t1 in self.tasks():
+            t = int(self.x_tensor[x])
+            ev.append({
+                "name": f"{kind} {graph.names[graph.tensor_op[t]]}:{int(graph.tensor_output_index[t])}",
+                "cat": kind, "ph": "X", "pid": 0, "tid": dev, "ts": t0, "dur": t1 - t0,
+                "args": {"bytes": int(graph.tensor_bytes[t]), "src": cluster.names[self.x_src[x]],
+                         "dst": cluster.names[self.x_dst[x]]},
             })
         D = cluster.n_devices
         links = sorted({(int(s), int(d)) for s, d in zip(self.x_src, self.x_dst)})
@@ -90,6 +114,11 @@ class Trace:
                     list(zip(self.op_start[ops], self.op_end[ops] - self.op_start[ops])), (d - 0.4, 0.8),
                     facecolors=[colour[graph.op_types[o]] for o in ops], linewidth=0,
                 )
+        tasks = self.tasks()
+        for d in range(D):  # send / receive tasks: hatched on their device's row
+            mine = [(t0, t1 - t0) for _, _, dev, t0, t1 in tasks if dev == d]
+            if mine:
+                ax.broken_barh(mine, (d - 0.4, 0.8), facecolors="0.75", edgecolor="0.3", hatch="//", linewidth=0.3)
         for r, (s, d) in enumerate(links, start=D):
             xs = np.flatnonzero((self.x_src == s) & (self.x_dst == d))
             ax.broken_barh(list(zip(self.x_start[xs], self.x_end[xs] - self.x_start[xs])), (r - 0.3, 0.6),
@@ -159,22 +188,24 @@ class CostModel:
             T = op_time_matrix(graph, cluster, profile)
         self.T = np.ascontiguousarray(T)
         self.capacity = cluster.memory_bytes
-        c = graph.csr
-        self._args = (
-            np.ascontiguousarray(graph.topo_rank, np.int32),
-            np.ascontiguousarray(graph.topo_order, np.int32),
-            graph.out_bytes, graph.param_bytes, graph.tensor_op, graph.tensor_bytes,
-            c.op_tensor_ptr, c.tensor_ptr, c.tensor_cons, c.ctrl_ptr, c.ctrl_dst,
-            c.in_ptr, c.in_tensor, c.n_inputs,
-            cluster.latency_us, cluster.bandwidth_bytes_per_us,
-        )
+        self.net = kernels.make_net(graph, cluster, self.T)
+        self._param_bytes = np.ascontiguousarray(graph.param_bytes, np.int64)
+        self._local = threading.local()  # one engine workspace per thread
         # group -> device-kind mask, and which devices each group may use
         self.group_device_ok = (graph.group_allowed[:, None] & cluster.kind_mask[None, :]) != 0
         self._group_first = np.array([ops[0] for ops in graph.group_ops], np.int64)
+        self._op_group_first = np.ascontiguousarray(self._group_first[graph.group], np.intp)
 
     @property
     def n_devices(self) -> int:
         return self.cluster.n_devices
+
+    def work(self) -> kernels.Work:
+        """This thread's engine workspace (allocated on first use, then reused)."""
+        w = getattr(self._local, "work", None)
+        if w is None:
+            w = self._local.work = kernels.work_for(self.net)
+        return w
 
     # ----------------------------------------------------------- placements
     def placement_array(self, placement) -> np.ndarray:
@@ -231,16 +262,13 @@ class CostModel:
     def violation(self, p: np.ndarray) -> str | None:
         """Why a per-op placement is invalid (split group, op without kernel), or None."""
         g = self.graph
-        split = np.flatnonzero(p != p[self._group_first[g.group]])
-        if split.size:
-            op = split[0]
-            first = self._group_first[g.group[op]]
-            return (f"group of op {g.names[first]!r} is split: op {g.names[op]!r} is on "
-                    f"{self.cluster.names[p[op]]}, not {self.cluster.names[p[first]]}")
-        nok = np.flatnonzero(~np.isfinite(self.T[np.arange(g.n_ops), p]))
-        if nok.size:
-            op = nok[0]
-            return f"op {g.names[op]!r} ({g.op_types[op]}) has no kernel on {self.cluster.names[p[op]]}"
+        split, nok = kernels.placement_violation(p, self._op_group_first, self.T)
+        if split >= 0:
+            first = self._op_group_first[split]
+            return (f"group of op {g.names[first]!r} is split: op {g.names[split]!r} is on "
+                    f"{self.cluster.names[p[split]]}, not {self.cluster.names[p[first]]}")
+        if nok >= 0:
+            return f"op {g.names[nok]!r} ({g.op_types[nok]}) has no kernel on {self.cluster.names[p[nok]]}"
         return None
 
     # ----------------------------------------------------------- simulation
@@ -252,19 +280,16 @@ class CostModel:
         reason = self.violation(p)
         if reason is not None:
             return SimResult(np.inf, False, reason, np.zeros(D), np.zeros(D, np.int64), names)
-        n_data = max(int((g.edge_tensor >= 0).sum()), 1)
-        op_start, op_end = np.zeros(g.n_ops), np.zeros(g.n_ops)
-        busy, peak = np.zeros(D), np.zeros(D, np.int64)
-        xt, xs, xd = (np.zeros(n_data, np.int64) for _ in range(3))
-        x0, x1 = np.zeros(n_data), np.zeros(n_data)
-        ms, nx = kernels.simulate_into(
-            p, self.T, *self._args, op_start, op_end, busy, peak, xt, xs, xd, x0, x1
-        )
+        w = self.work()
+        ms, nx = kernels.simulate_full(self.net, w, p)
+        busy = w.busy.copy()
+        peak = kernels.device_peak(w.livepeak, p, self._param_bytes)
         reason = self._memory_reason(peak)
         tr = None
         if trace:
-            tr = Trace(p, op_start, op_end, xt[:nx].copy(), xs[:nx].copy(), xd[:nx].copy(),
-                       x0[:nx].copy(), x1[:nx].copy())
+            tr = Trace(p, w.op_start[: g.n_ops].copy(), w.op_end[: g.n_ops].copy(), w.x_tensor[:nx].astype(np.int64),
+                       w.x_src[:nx].astype(np.int64), w.x_dst[:nx].astype(np.int64), w.x_start[:nx].copy(),
+                       w.x_end[:nx].copy(), w.x_task[:nx].copy())
         return SimResult(float(ms), reason is None, reason, busy, peak, names, tr)
 
     def simulate_batch(self, placements) -> BatchResult:
@@ -290,7 +315,8 @@ class CostModel:
         busy = np.zeros((B, D))
         peak = np.zeros((B, D), np.int64)
         if B:
-            kernels.simulate_batch(P, self.T, *self._args, step, busy, peak)
+            chunks = min(B, 4 * numba.get_num_threads())  # a few per thread: rows differ in cost
+            kernels.simulate_batch(self.net, P, self._param_bytes, step, busy, peak, chunks)
         split = np.any(P != P[:, self._group_first[g.group]], axis=1)
         step[split] = np.inf
         feasible = np.isfinite(step) & np.all(peak <= self.capacity[None, :], axis=1)
