@@ -15,6 +15,7 @@ import click
 import numpy as np
 
 from placetool.costmodel.errors import UserError
+from placetool.costmodel.tf.session import require_tf
 
 from .common import check_writable, emit_json, fmt_us, json_option
 
@@ -126,6 +127,7 @@ def testbed():
 @json_option
 def testbed_up(workers, device, timeout_s, state, as_json):
     """Start the workers in the background and record them in the state file."""
+    require_tf()
     from placetool.costmodel.tf.testbed import Testbed, TestbedError, default_state_path
 
     path = Path(state or default_state_path())
@@ -219,6 +221,7 @@ def testbed_status(state, as_json):
 def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, testbed_device, cluster_spec,
               local, out, cluster_out, trace_steps, reps, max_transfer, split_steps, name, quiet, as_json):
     """Measure op times and links on real devices; write a profile and a cluster file."""
+    require_tf()
     cluster_out = cluster_out or str(Path(out).with_suffix(".toml"))
     check_writable(out)
     check_writable(cluster_out)
@@ -280,6 +283,7 @@ def predict(cm, profile, p) -> tuple[float, float]:
 def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster, testbed_n, timeout_s,
            testbed_device, cluster_spec, local, steps, warmup, as_json):
     """Run a placement for real and compare its measured step time with the prediction."""
+    require_tf()
     from placetool.costmodel import CostModel, presets
     from placetool.costmodel.calibration import load_profile
 

@@ -208,24 +208,30 @@ def test_runner_single_and_split_placements(mlp, testbed):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_verify_top_measures_the_k_best_predicted(mlp, testbed):
-    from placetool.costmodel.tf.runner import verify_top
+@pytest.mark.timeout(240)
+def test_interleaved_measurements_and_verify_top(mlp, testbed):
+    from placetool.costmodel.tf.runner import measure_interleaved, verify_top
 
     g = mlp.graph
-    cl = make_cluster(2, kinds=["cpu", "cpu"])
     single = np.zeros(g.n_ops, np.int32)
     split = g.to_placement((np.arange(g.n_groups) % 2).astype(np.int32))
-    other = np.ones(g.n_ops, np.int32)
-    rows = verify_top(mlp, cl, [split, single, other], k=2, predicted=[300.0, 100.0, 200.0],
-                      spec=testbed.spec, warmup=1, steps=2)
-    # the two best predictions (single: 100, other: 200) were measured, split was not
-    assert sorted(r["rank"] for r in rows) == [0, 1]
-    assert sorted(r["predicted_us"] for r in rows) == [100.0, 200.0]
-    assert [r["measured_us"] for r in rows] == sorted(r["measured_us"] for r in rows)
-    for r in rows:
-        assert r["measured_us"] > 0
+    reps = measure_interleaved(mlp, [single, split, single.copy()], testbed.spec, rounds=3, steps=2, warmup=1)
+    assert reps[0] is reps[2]  # the same placement is measured once
+    for r in reps:
+        assert len(r.round_us) == 3 and len(r.steps_us) == 6 and min(r.steps_us) > 0
+        assert r.step_us == float(np.median(r.steps_us))
+        assert r.spread_pct == pytest.approx(100 * (max(r.round_us) - min(r.round_us)) / 2 / r.step_us)
+    v = verify_top(mlp, [{"label": "search #1", "source": "search", "placement": split, "predicted_us": 50.0},
+                         {"label": "single", "source": "single", "placement": single, "predicted_us": 100.0}],
+                   spec=testbed.spec, rounds=2, steps=2, warmup=1)
+    assert [r["label"] for r in v["rows"]] == ["search #1", "single"]
+    meas = [r["measured_us"] for r in v["rows"]]
+    assert v["gain_pct"] == pytest.approx(100 * (meas[1] - meas[0]) / meas[1])
+    for r in v["rows"]:
         assert r["error_pct"] == pytest.approx(100 * (r["predicted_us"] - r["measured_us"]) / r["measured_us"])
+    # never a placement that measured slower than the baseline beyond the noise
+    if v["recommended"] == 0:
+        assert v["confirmed"] and meas[0] < meas[1]
 
 
 @pytest.mark.slow

@@ -33,7 +33,8 @@ from placetool.costmodel.calibration import Profile, count_latency, fit_link
 from placetool.costmodel.cluster import Cluster
 from placetool.costmodel.graph import KIND_BITS
 
-from .runner import measure, session_config
+from .runner import measure
+from .session import import_tf, onednn_setting, session_config
 from .testbed import ClusterSpec
 
 DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))  # 1 KB .. 64 MB
@@ -91,8 +92,7 @@ def time_transfers(spec: ClusterSpec, a: int, b: int, sizes=DEFAULT_SIZES, reps:
     the same ops on both devices without sending anything, interleaved so that drifting
     load on the machine hits both alike.
     """
-    import tensorflow as tf
-
+    tf = import_tf()
     tf1 = tf.compat.v1
     spec.check_reachable(timeout_s=min(timeout_s, 10.0))
     da, db = spec.tf_devices[a], spec.tf_devices[b]
@@ -136,7 +136,7 @@ def time_transfers(spec: ClusterSpec, a: int, b: int, sizes=DEFAULT_SIZES, reps:
             t_0.append(_time(sess, without, 1))
         return max(statistics.median(t_x) - statistics.median(t_0), 0.0)
 
-    with tf1.Session(spec.target, graph=g, config=session_config(timeout_s)) as sess:
+    with tf1.Session(spec.target, graph=g, config=session_config(timeout_s, 1, isolate=True)) as sess:
         sess.run(init)
         sizes_out = [(nb, diff(sess, x, base, max(3, reps if nb < 2 ** 24 else reps // 2)))
                      for nb, x, base in by_size]
@@ -146,8 +146,7 @@ def time_transfers(spec: ClusterSpec, a: int, b: int, sizes=DEFAULT_SIZES, reps:
 
 def step_overheads(spec: ClusterSpec, reps: int = 15, timeout_s: float = 60.0) -> list[float]:
     """Median µs of a step of NoOps on devices 0..k-1, for k = 1..D."""
-    import tensorflow as tf
-
+    tf = import_tf()
     tf1 = tf.compat.v1
     g = tf.Graph()
     with g.as_default():
@@ -156,7 +155,7 @@ def step_overheads(spec: ClusterSpec, reps: int = 15, timeout_s: float = 60.0) -
             with tf1.device(d):
                 noops.append(tf.no_op(name=f"noop{k}"))
     out = []
-    with tf1.Session(spec.target, graph=g, config=session_config(timeout_s)) as sess:
+    with tf1.Session(spec.target, graph=g, config=session_config(timeout_s, 1, isolate=True)) as sess:
         for k in range(1, len(noops) + 1):
             sess.run(noops[:k])
             out.append(_time(sess, noops[:k], reps))
@@ -173,8 +172,7 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
     placements are measured too, and the per-transfer latency is refitted (one value for
     all links) to the steps they took — see :func:`fit_latency_to_steps`.
     """
-    import tensorflow as tf
-
+    tf = import_tf()
     names = device_names(spec)
     D = len(names)
     profile = Profile(
@@ -182,7 +180,7 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
         host=platform.node(), tf_version=tf.__version__,
         date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         meta={"graphs": {}, "cluster_spec": spec.cluster_def(), "trace_steps": trace_steps,
-              "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "")},
+              "onednn": onednn_setting()},
     )
     spec.check_reachable(timeout_s=min(timeout_s, 10.0))
     log("step overhead (NoOps on 1..D devices) ...")
