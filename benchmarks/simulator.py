@@ -64,9 +64,9 @@ def bench_graph(name: str, cluster: str, ref_reps: int, reps: int, batch: int) -
 
     it = iter(range(10**9))
     compiled = timed(lambda: cm.simulate(P[next(it) % batch]), reps)
-    ref = timed(lambda: reference.simulate(g, cm.T, P[0], cl.latency_us, cl.bandwidth_bytes_per_us), ref_reps)
+    ref = timed(lambda: reference.simulate(g, cm.T, P[0], cl), ref_reps)
     r0 = cm.simulate(P[0])
-    assert r0.step_time_us == reference.simulate(g, cm.T, P[0], cl.latency_us, cl.bandwidth_bytes_per_us).step_time_us
+    assert r0.step_time_us == reference.simulate(g, cm.T, P[0], cl).step_time_us
 
     cores = numba.config.NUMBA_NUM_THREADS
     numba.set_num_threads(1)

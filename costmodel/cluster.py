@@ -13,6 +13,10 @@ A cluster file looks like::
     peak_flops_per_us = 1.16e6          # datasheet roofline, used without a profile
     memory_bandwidth_bytes_per_us = 6.8e4
     launch_overhead_us = 2.0
+    send_us = 0.0                       # device time per outgoing transfer (optional, default 0)
+    send_us_per_byte = 0.0
+    recv_us = 0.0                       # device time per incoming transfer (optional, default 0)
+    recv_us_per_byte = 0.0
 
     [links.default]
     latency_us = 10.0
@@ -25,11 +29,16 @@ A cluster file looks like::
     bandwidth_bytes_per_us = 2.0e4
     symmetric = true                     # also dst -> src
 
+The four ``send``/``recv`` figures are the compute-queue time a transfer costs its
+sending and receiving device on top of the link time (serialisation, Send/Recv kernels);
+0 for devices whose copy engines overlap transfers with compute.
+
 Units: microseconds, bytes, FLOPs.
 """
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +48,8 @@ import numpy as np
 from .errors import UserError, atomic_write
 
 KINDS = ("cpu", "gpu")
+# Per-device transfer costs on the device's own compute queue (µs, µs per byte).
+TRANSFER_COST_KEYS = ("send_us", "send_us_per_byte", "recv_us", "recv_us_per_byte")
 
 # Roofline defaults when a device entry gives none: a modest CPU / GPU.
 _DEFAULT_SPEC = {
@@ -62,6 +73,10 @@ class Device:
     memory_bandwidth_bytes_per_us: float
     launch_overhead_us: float
     cost_source: str = "roofline"
+    send_us: float = 0.0
+    send_us_per_byte: float = 0.0
+    recv_us: float = 0.0
+    recv_us_per_byte: float = 0.0
 
 
 @dataclass(eq=False)
@@ -96,6 +111,10 @@ class Cluster:
         from .graph import KIND_BITS
 
         return np.array([KIND_BITS[d.kind] for d in self.devices], np.uint8)
+
+    def transfer_costs(self) -> np.ndarray:
+        """(4, D) float64: send_us, send_us_per_byte, recv_us, recv_us_per_byte per device."""
+        return np.array([[getattr(d, k) for d in self.devices] for k in TRANSFER_COST_KEYS], np.float64)
 
     def device_index(self, name_or_index) -> int:
         """Index of a device given by name or index; ClusterError names the unknown one."""
@@ -136,6 +155,7 @@ class Cluster:
             for key in spec:
                 if key in e:
                     spec[key] = _positive(e[key], f"{where}: {key}", allow_zero=key == "launch_overhead_us")
+            costs = {key: _cost(e[key], f"{where}: {key}") for key in TRANSFER_COST_KEYS if key in e}
             mem = e["memory_bytes"]
             if not isinstance(mem, (int, float)) or isinstance(mem, bool) or mem <= 0:
                 raise ClusterError(f"{where}: memory_bytes must be a positive number, got {mem!r}")
@@ -146,6 +166,7 @@ class Cluster:
                     memory_bytes=int(mem),
                     cost_source=str(e.get("cost_source", "roofline")),
                     **spec,
+                    **costs,
                 )
             )
         names = [x.name for x in devices]
@@ -212,6 +233,7 @@ class Cluster:
                     memory_bandwidth_bytes_per_us=float(x.memory_bandwidth_bytes_per_us),
                     launch_overhead_us=float(x.launch_overhead_us),
                     cost_source=x.cost_source,
+                    **{key: float(getattr(x, key)) for key in TRANSFER_COST_KEYS},
                 )
                 for x in self.devices
             ],
@@ -254,6 +276,12 @@ def load(path) -> Cluster:
 def _positive(v, where, allow_zero=False) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 or (allow_zero and v == 0)):
         raise ClusterError(f"{where} must be a {'non-negative' if allow_zero else 'positive'} number, got {v!r}")
+    return float(v)
+
+
+def _cost(v, where) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ClusterError(f"{where} must be a finite non-negative number, got {v!r}")
     return float(v)
 
 

@@ -58,6 +58,9 @@ class IncrementalSimulator:
         g, cl = cm.graph, cm.cluster
         self.n, self.D = g.n_ops, cl.n_devices
         self.converge = converge
+        # The checkpointed loop does not model send/receive tasks yet: such clusters are
+        # scored by full simulation (same answers, no speed-up).
+        self._full = bool(np.any(cl.transfer_costs() != 0))
         c = g.csr
         self.group = g.group
         self.group_ops = g.group_ops
@@ -143,6 +146,9 @@ class IncrementalSimulator:
         a = self._check(assignment)
         self.assignment = a.copy()
         self.placement = np.ascontiguousarray(a[self.group], np.int32)
+        if self._full:
+            self.base = self._full_result(a)
+            return
         self._run_base(-1)
 
     def commit(self, assignment) -> None:
@@ -151,6 +157,9 @@ class IncrementalSimulator:
         a = self._check(assignment)
         changed = np.flatnonzero(a != self.assignment)
         if changed.size == 0:
+            return
+        if self._full:
+            self.set_base(a)
             return
         j = self._restart_index(self._ops_of(changed))
         self.assignment = a.copy()
@@ -203,9 +212,17 @@ class IncrementalSimulator:
         ops = self._ops_of(changed)
         return self._evaluate(ops, a[self.group[ops]], self._restart_index(ops))
 
+    def _full_result(self, assignment) -> MoveResult:
+        r = self.cm.simulate(assignment)
+        return MoveResult(r.step_time_us, r.feasible, r.peak_memory_bytes, 0.0, False)
+
     def _evaluate(self, ops, devices, j) -> MoveResult:
         p = self.placement.copy()
         p[ops] = devices
+        if self._full:
+            a = self.assignment.copy()
+            a[self.group[ops]] = devices
+            return self._full_result(a)
         self.moved[ops] = True
         try:
             self._start(p, j)
@@ -247,6 +264,8 @@ class IncrementalSimulator:
 
     def _restart_index(self, ops) -> int:
         """Checkpoint to restart from when ``ops`` change device (-1: from scratch)."""
+        if self._full:
+            return -1
         t = self.first_touch[ops].min()
         if t < 0:
             return -1

@@ -12,8 +12,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+# Event kinds, in the order events of one instant are handled (see reference.py).
 OP_DONE = 0
-XFER_DONE = 1
+SEND_DONE = 1
+XFER_DONE = 2
+RECV_DONE = 3
 
 
 # --------------------------------------------------------------------- heaps
@@ -114,14 +117,16 @@ def keyheap_pop(heap, base, size):
 def simulate_into(
     placement, T, rank, topo_order, out_bytes, param_bytes, tensor_op, tensor_bytes,
     op_tensor_ptr, tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst, in_ptr, in_tensor, n_inputs,
-    latency, bandwidth,
+    latency, bandwidth, xcost,
     op_start, op_end, busy, peak,
-    x_tensor, x_src, x_dst, x_start, x_end,
+    x_tensor, x_src, x_dst, x_start, x_end, x_task,
 ):
     """Simulate one placement; fills the output arrays and returns (makespan, n_transfers).
 
-    ``x_*`` arrays need room for one transfer per data edge. Returns makespan ``inf``
-    (and leaves the outputs partial) if some op has no kernel on its device.
+    ``xcost`` is the cluster's (4, D) send/receive costs. ``x_*`` arrays need room for
+    one transfer per data edge; ``x_task[x]`` gets the send task's start and end and the
+    receive task's (NaN for a skipped stage). Returns makespan ``inf`` (and leaves the
+    outputs partial) if some op has no kernel on its device.
     """
     n = placement.shape[0]
     D = T.shape[1]
@@ -172,7 +177,23 @@ def simulate_into(
     pending = np.empty(L, np.int64)
     n_pending = 0
 
-    cap = n + n_data + 1
+    # send/receive tasks: per device a heap of (ready epoch << 32 | producer rank,
+    # (tensor * D + destination) * 2 + kind - 1) -> transfer * 2 + kind - 1, sliced from one
+    # buffer by the most tasks each device can get (its ops' data edges out and in)
+    tq_base = np.zeros(D + 1, np.int64)
+    for op in range(n):
+        d = placement[op]
+        for t in range(op_tensor_ptr[op], op_tensor_ptr[op + 1]):
+            tq_base[d + 1] += tensor_ptr[t + 1] - tensor_ptr[t]
+        tq_base[d + 1] += in_ptr[op + 1] - in_ptr[op]
+    for d in range(D):
+        tq_base[d + 1] += tq_base[d]
+    tq_k1 = np.empty(max(tq_base[D], 1), np.int64)
+    tq_k2 = np.empty(max(tq_base[D], 1), np.int64)
+    tq_id = np.empty(max(tq_base[D], 1), np.int64)
+    tq_size = np.zeros(D, np.int64)
+
+    cap = n + 3 * n_data + 1
     ev_t = np.empty(cap, np.float64)
     ev_k = np.empty(cap, np.int64)
     ev_id = np.empty(cap, np.int64)
@@ -190,7 +211,25 @@ def simulate_into(
     while True:
         # ---- dispatch: idle devices start their best ready op, idle links their oldest transfer
         for d in range(D):
-            if not running[d] and rq_size[d] > 0:
+            if running[d]:
+                continue
+            if tq_size[d] > 0 and (rq_size[d] == 0 or tq_k1[tq_base[d]] < rq[rq_base[d]]):
+                b0 = tq_base[d]
+                task = tq_id[b0]
+                tq_size[d] = heap_pop(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[d])
+                x = task >> 1
+                b = tensor_bytes[x_tensor[x]]
+                if task & 1:
+                    dur = xcost[2, d] + b * xcost[3, d]
+                else:
+                    dur = xcost[0, d] + b * xcost[1, d]
+                running[d] = True
+                busy[d] += dur
+                x_task[x, 2 * (task & 1)] = now
+                x_task[x, 2 * (task & 1) + 1] = now + dur
+                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, now + dur,
+                                 (SEND_DONE + 2 * (task & 1)) * key_span + x, x)
+            elif rq_size[d] > 0:
                 op = topo_order[keyheap_pop(rq, rq_base[d], rq_size[d]) & low]
                 rq_size[d] -= 1
                 running[d] = True
@@ -272,6 +311,15 @@ def simulate_into(
                             x_dst[x] = dc
                             x_refs[x] = 1
                             x_next[x] = -1
+                            for k in range(4):
+                                x_task[x, k] = np.nan
+                            refs += 1
+                            b = tensor_bytes[t]
+                            if xcost[0, d] + b * xcost[1, d] != 0.0:
+                                b0 = tq_base[d]
+                                tq_size[d] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[d],
+                                                       (epoch << 32) | rank[op], (t * D + dc) * 2, x * 2)
+                                continue
                             l = d * D + dc
                             if link_tail[l] >= 0:
                                 x_next[link_tail[l]] = x
@@ -282,7 +330,6 @@ def simulate_into(
                                 link_pending[l] = True
                                 pending[n_pending] = l
                                 n_pending += 1
-                            refs += 1
                 for e in range(ctrl_ptr[op], ctrl_ptr[op + 1]):
                     c = ctrl_dst[e]
                     missing[c] -= 1
@@ -293,7 +340,21 @@ def simulate_into(
                 out_refs[op] = refs
                 if refs == 0:
                     mem[d] -= out_bytes[op]
-            else:  # a transfer arrived
+            elif kind_key < 2 * key_span:  # a send task ended: the transfer joins its link's queue
+                x = i
+                s = x_src[x]
+                running[s] = False
+                l = s * D + x_dst[x]
+                if link_tail[l] >= 0:
+                    x_next[link_tail[l]] = x
+                else:
+                    link_head[l] = x
+                link_tail[l] = x
+                if not link_pending[l]:
+                    link_pending[l] = True
+                    pending[n_pending] = l
+                    n_pending += 1
+            elif kind_key < 3 * key_span:  # a link transfer ended
                 x = i
                 t = x_tensor[x]
                 s = x_src[x]
@@ -308,6 +369,24 @@ def simulate_into(
                 out_refs[prod] -= 1
                 if out_refs[prod] == 0:
                     mem[s] -= out_bytes[prod]
+                b = tensor_bytes[t]
+                if xcost[2, dd] + b * xcost[3, dd] != 0.0:
+                    b0 = tq_base[dd]
+                    tq_size[dd] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[dd],
+                                            (epoch << 32) | rank[prod], (t * D + dd) * 2 + 1, x * 2 + 1)
+                    continue
+                for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
+                    c = tensor_cons[e]
+                    if placement[c] == dd:
+                        missing[c] -= 1
+                        if missing[c] == 0:
+                            keyheap_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
+                            rq_size[dd] += 1
+            else:  # a receive task ended: the tensor is on its destination
+                x = i
+                t = x_tensor[x]
+                dd = x_dst[x]
+                running[dd] = False
                 for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
                     c = tensor_cons[e]
                     if placement[c] == dd:
@@ -322,7 +401,7 @@ def simulate_into(
 def simulate_batch(
     placements, T, rank, topo_order, out_bytes, param_bytes, tensor_op, tensor_bytes,
     op_tensor_ptr, tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst, in_ptr, in_tensor, n_inputs,
-    latency, bandwidth, step, busy, peak,
+    latency, bandwidth, xcost, step, busy, peak,
 ):
     """Simulate each row of ``placements`` in parallel; fills step, busy, peak."""
     B, n = placements.shape
@@ -335,11 +414,12 @@ def simulate_batch(
         x_dst = np.empty(n_data, np.int64)
         x_start = np.empty(n_data, np.float64)
         x_end = np.empty(n_data, np.float64)
+        x_task = np.empty((n_data, 4), np.float64)
         ms, _ = simulate_into(
             placements[b], T, rank, topo_order, out_bytes, param_bytes, tensor_op, tensor_bytes,
             op_tensor_ptr, tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst, in_ptr, in_tensor, n_inputs,
-            latency, bandwidth, op_start, op_end, busy[b], peak[b],
-            x_tensor, x_src, x_dst, x_start, x_end,
+            latency, bandwidth, xcost, op_start, op_end, busy[b], peak[b],
+            x_tensor, x_src, x_dst, x_start, x_end, x_task,
         )
         step[b] = ms
 

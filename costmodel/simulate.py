@@ -25,7 +25,11 @@ class PlacementError(UserError):
 
 @dataclass
 class Trace:
-    """Start/end of every op and transfer (µs) of one simulated placement."""
+    """Start/end of every op and transfer (µs) of one simulated placement.
+
+    ``x_task[x]`` holds transfer x's send task (start, end) on its source and receive
+    task (start, end) on its destination; NaN where that stage costs nothing.
+    """
 
     placement: np.ndarray
     op_start: np.ndarray
@@ -35,10 +39,20 @@ class Trace:
     x_dst: np.ndarray
     x_start: np.ndarray
     x_end: np.ndarray
+    x_task: np.ndarray
 
     @property
     def n_transfers(self) -> int:
         return len(self.x_tensor)
+
+    def tasks(self) -> list[tuple[str, int, int, float, float]]:
+        """The send and receive tasks that ran: (kind "send" or "recv", transfer, device, start, end)."""
+        out = []
+        for x in range(self.n_transfers):
+            for k, kind, dev in ((0, "send", self.x_src[x]), (2, "recv", self.x_dst[x])):
+                if not np.isnan(self.x_task[x, k]):
+                    out.append((kind, x, int(dev), float(self.x_task[x, k]), float(self.x_task[x, k + 1])))
+        return out
 
     def to_chrome(self, graph, cluster) -> dict:
         """Chrome trace-event JSON (opens in Perfetto or chrome://tracing); one row per
@@ -52,6 +66,14 @@ class Trace:
                 "tid": int(self.placement[op]), "ts": float(self.op_start[op]),
                 "dur": float(self.op_end[op] - self.op_start[op]),
                 "args": {"op_type": graph.op_types[op]},
+            })
+        for kind, x, dev, t0, t1 in self.tasks():
+            t = int(self.x_tensor[x])
+            ev.append({
+                "name": f"{kind} {graph.names[graph.tensor_op[t]]}:{int(graph.tensor_output_index[t])}",
+                "cat": kind, "ph": "X", "pid": 0, "tid": dev, "ts": t0, "dur": t1 - t0,
+                "args": {"bytes": int(graph.tensor_bytes[t]), "src": cluster.names[self.x_src[x]],
+                         "dst": cluster.names[self.x_dst[x]]},
             })
         D = cluster.n_devices
         links = sorted({(int(s), int(d)) for s, d in zip(self.x_src, self.x_dst)})
@@ -90,6 +112,11 @@ class Trace:
                     list(zip(self.op_start[ops], self.op_end[ops] - self.op_start[ops])), (d - 0.4, 0.8),
                     facecolors=[colour[graph.op_types[o]] for o in ops], linewidth=0,
                 )
+        tasks = self.tasks()
+        for d in range(D):  # send / receive tasks: hatched on their device's row
+            mine = [(t0, t1 - t0) for _, _, dev, t0, t1 in tasks if dev == d]
+            if mine:
+                ax.broken_barh(mine, (d - 0.4, 0.8), facecolors="0.75", edgecolor="0.3", hatch="//", linewidth=0.3)
         for r, (s, d) in enumerate(links, start=D):
             xs = np.flatnonzero((self.x_src == s) & (self.x_dst == d))
             ax.broken_barh(list(zip(self.x_start[xs], self.x_end[xs] - self.x_start[xs])), (r - 0.3, 0.6),
@@ -166,7 +193,7 @@ class CostModel:
             graph.out_bytes, graph.param_bytes, graph.tensor_op, graph.tensor_bytes,
             c.op_tensor_ptr, c.tensor_ptr, c.tensor_cons, c.ctrl_ptr, c.ctrl_dst,
             c.in_ptr, c.in_tensor, c.n_inputs,
-            cluster.latency_us, cluster.bandwidth_bytes_per_us,
+            cluster.latency_us, cluster.bandwidth_bytes_per_us, cluster.transfer_costs(),
         )
         # group -> device-kind mask, and which devices each group may use
         self.group_device_ok = (graph.group_allowed[:, None] & cluster.kind_mask[None, :]) != 0
@@ -245,14 +272,15 @@ class CostModel:
         busy, peak = np.zeros(D), np.zeros(D, np.int64)
         xt, xs, xd = (np.zeros(n_data, np.int64) for _ in range(3))
         x0, x1 = np.zeros(n_data), np.zeros(n_data)
+        xtask = np.zeros((n_data, 4))
         ms, nx = kernels.simulate_into(
-            p, self.T, *self._args, op_start, op_end, busy, peak, xt, xs, xd, x0, x1
+            p, self.T, *self._args, op_start, op_end, busy, peak, xt, xs, xd, x0, x1, xtask
         )
         reason = self._memory_reason(peak)
         tr = None
         if trace:
             tr = Trace(p, op_start, op_end, xt[:nx].copy(), xs[:nx].copy(), xd[:nx].copy(),
-                       x0[:nx].copy(), x1[:nx].copy())
+                       x0[:nx].copy(), x1[:nx].copy(), xtask[:nx].copy())
         return SimResult(float(ms), reason is None, reason, busy, peak, names, tr)
 
     def simulate_batch(self, placements) -> BatchResult:

@@ -7,13 +7,22 @@ import networkx as nx
 from placetool.costmodel import Cluster
 
 
-def cluster(n_devices=2, latency=1.0, bandwidth=10.0, memory=1 << 40, kinds=None, name="test"):
-    """A cluster with uniform links; device 0 is a CPU unless kinds say otherwise."""
+def cluster(n_devices=2, latency=1.0, bandwidth=10.0, memory=1 << 40, kinds=None, name="test", **transfer_costs):
+    """A cluster with uniform links; device 0 is a CPU unless kinds say otherwise.
+
+    ``transfer_costs``: send_us, send_us_per_byte, recv_us, recv_us_per_byte, each one
+    number for every device or a list with one per device.
+    """
     kinds = kinds or (["cpu"] + ["gpu"] * (n_devices - 1))
     mem = memory if isinstance(memory, (list, tuple)) else [memory] * n_devices
+    costs = [{} for _ in range(n_devices)]
+    for key, v in transfer_costs.items():
+        for i in range(n_devices):
+            costs[i][key] = v[i] if isinstance(v, (list, tuple)) else v
     return Cluster.from_dict({
         "name": name,
-        "devices": [{"name": f"d{i}", "kind": k, "memory_bytes": m} for i, (k, m) in enumerate(zip(kinds, mem))],
+        "devices": [{"name": f"d{i}", "kind": k, "memory_bytes": m, **costs[i]}
+                    for i, (k, m) in enumerate(zip(kinds, mem))],
         "links": {"default": {"latency_us": latency, "bandwidth_bytes_per_us": bandwidth}},
     })
 
@@ -31,8 +40,10 @@ def nxgraph(nodes, edges, name="g"):
 
 def cost_models(min_ops=1, max_ops=24, min_devices=1, max_devices=4, max_param=50, memories=(10_000,)):
     """Hypothesis strategy: a CostModel of a random DAG (multi-output ops, control edges,
-    groups) on a random all-GPU cluster. Op times and link figures are small integers, so
-    simultaneous events and zero-length ops are common."""
+    groups) on a random all-GPU cluster. Op times, link figures and the devices' send and
+    receive costs are small integers (per-byte costs small powers of two; about half
+    the clusters have no device-side transfer cost at all), so simultaneous events and
+    zero-length ops are common."""
     import numpy as np
     from hypothesis import strategies as st
 
@@ -57,7 +68,12 @@ def cost_models(min_ops=1, max_ops=24, min_devices=1, max_devices=4, max_param=5
                     k = draw(st.integers(0, n_out[u] - 1))
                     g.add_edge(f"op{u}", f"op{v}", output=k, bytes=(out_bytes[u] + 7 * k) // (k + 1))
         T = np.array([[draw(st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0])) for _ in range(D)] for _ in range(n)])
-        c = cluster(D, kinds=["gpu"] * D, memory=draw(st.sampled_from(memories)), name="h")
+        costs = {}
+        if draw(st.booleans()):
+            for key, values in (("send_us", [0.0, 1.0, 2.0]), ("send_us_per_byte", [0.0, 2.0**-7, 2.0**-5]),
+                                ("recv_us", [0.0, 1.0, 3.0]), ("recv_us_per_byte", [0.0, 2.0**-6])):
+                costs[key] = [draw(st.sampled_from(values)) for _ in range(D)]
+        c = cluster(D, kinds=["gpu"] * D, memory=draw(st.sampled_from(memories)), name="h", **costs)
         c.latency_us[:] = [[draw(st.sampled_from([0.0, 1.0, 2.0])) for _ in range(D)] for _ in range(D)]
         c.bandwidth_bytes_per_us[:] = [[draw(st.sampled_from([1.0, 10.0, 100.0])) for _ in range(D)]
                                        for _ in range(D)]

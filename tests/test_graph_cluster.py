@@ -155,12 +155,41 @@ def test_cluster_toml_round_trip(tmp_path):
     assert np.array_equal(d.memory_bytes, c.memory_bytes)
 
 
+def test_transfer_costs_round_trip_through_toml(tmp_path):
+    c = Cluster.from_dict({
+        "name": "w",
+        "devices": [{"name": "w0", "kind": "cpu", "memory_bytes": 100, "send_us": 40.5, "recv_us_per_byte": 0.25},
+                    {"name": "w1", "kind": "cpu", "memory_bytes": 100, "send_us_per_byte": 1e-3, "recv_us": 7}],
+        "links": {"default": {"latency_us": 2.0, "bandwidth_bytes_per_us": 4.0}},
+    })
+    want = [[40.5, 0.0], [0.0, 1e-3], [0.0, 7.0], [0.25, 0.0]]
+    assert c.transfer_costs().tolist() == want
+    assert c.devices[1].recv_us == 7.0 and isinstance(c.devices[1].recv_us, float)
+    c.save(tmp_path / "w.toml")
+    text = (tmp_path / "w.toml").read_text()
+    assert "send_us = 40.5" in text and "recv_us_per_byte = 0.25" in text
+    assert cluster_io.load(tmp_path / "w.toml").transfer_costs().tolist() == want
+
+
+@pytest.mark.parametrize("value,shown", [(-1.0, "-1.0"), (float("inf"), "inf"), (float("nan"), "nan"), ("3", "'3'"),
+                                         (True, "True")])
+@pytest.mark.parametrize("key", ["send_us", "send_us_per_byte", "recv_us", "recv_us_per_byte"])
+def test_bad_transfer_costs_name_the_device_and_key(key, value, shown):
+    d = {"devices": [{"name": "w0", "kind": "cpu", "memory_bytes": 1, key: value}],
+         "links": {"default": {"latency_us": 1, "bandwidth_bytes_per_us": 1}}}
+    with pytest.raises(ClusterError, match=rf"^c.toml: device 'w0': {key} must be a finite non-negative number, "
+                                           rf"got {shown}$"):
+        Cluster.from_dict(d, source="c.toml")
+
+
 @pytest.mark.parametrize("name", ["k80x2", "k80x4", "k40x2", "k40x4", "k40x8", "p100x4", "v100x8"])
 def test_presets_have_one_host_cpu_and_say_they_are_analytic(name):
     c = presets.load_cluster(name)
     assert c.kinds.count("cpu") == 1 and c.kinds[0] == "cpu"
     assert c.kinds.count("gpu") == int(name.split("x")[1])
     assert "analytic" in c.metadata["source"]
+    # copy engines overlap transfers with compute: no device-side transfer cost
+    assert not c.transfer_costs().any()
 
 
 @pytest.mark.parametrize("d,match", [

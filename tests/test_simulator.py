@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from placetool.costmodel import CostModel, OpGraph, presets, reference
+from placetool.costmodel import Cluster, CostModel, OpGraph, presets, reference
 from tests.helpers import assignments, cluster, cost_models, nxgraph
 
 
@@ -16,7 +16,27 @@ def model(nodes, edges, times, **cl):
 
 
 def run(cm, placement, trace=True):
-    return cm.simulate(np.asarray(placement), trace=trace)
+    """The compiled simulation of ``placement``, checked against the reference."""
+    r = cm.simulate(np.asarray(placement), trace=trace)
+    if r.reason is None or "memory" in r.reason:
+        same_as_reference(cm, np.asarray(placement, np.int32), r)
+    return r
+
+
+def same_as_reference(cm, p, r):
+    ref = reference.simulate(cm.graph, cm.T, p, cm.cluster)
+    assert r.step_time_us == ref.step_time_us
+    assert np.array_equal(r.busy_us, ref.busy_us)
+    assert np.array_equal(r.peak_memory_bytes, ref.peak_memory_bytes)
+    assert r.feasible == bool(np.all(ref.peak_memory_bytes <= cm.capacity))
+    if r.trace is not None:
+        assert np.array_equal(r.trace.op_start, ref.op_start)
+        assert np.array_equal(r.trace.op_end, ref.op_end)
+        got = list(zip(r.trace.x_tensor, r.trace.x_src, r.trace.x_dst, r.trace.x_start, r.trace.x_end))
+        assert got == ref.transfers
+        kinds = {"send": reference.SEND, "recv": reference.RECV}
+        assert [(kinds[k], x, d, a, b) for k, x, d, a, b in r.trace.tasks()] == ref.tasks
+    return ref
 
 
 # ---------------------------------------------------------------- hand-computed
@@ -131,6 +151,92 @@ def test_ready_ops_start_by_ready_time_then_topological_rank():
     assert list(r.trace.op_start) == [0, 1, 6, 7]
 
 
+# ------------------------------------------------- device-side transfer costs
+def two_op_chain(nbytes=100, **costs):
+    """a (10 µs) on d0 sends ``nbytes`` to b (10 µs) on d1 over a 1 µs + 10 B/µs link."""
+    return model({"a": nbytes, "b": 1}, [("a", "b")], [[10, 10]] * 2, **costs)
+
+
+def test_send_task_delays_the_senders_next_op_by_send_us():
+    # a -> b (remote) and a -> c (local). At 10 the send task (producer rank 0) goes
+    # before c: send 10..13, c 13..18; link 13..24; b 24..34.
+    nodes = {"a": 100, "b": 1, "c": 1}
+    cm = model(nodes, [("a", "b"), ("a", "c")], [[10, 10], [10, 10], [5, 5]], send_us=3.0)
+    r = run(cm, [0, 1, 0])
+    assert list(r.trace.op_start) == [0, 24, 13]
+    assert list(r.trace.op_end) == [10, 34, 18]
+    assert (r.trace.x_start[0], r.trace.x_end[0]) == (13, 24)
+    assert r.trace.tasks() == [("send", 0, 0, 10.0, 13.0)]
+    assert list(r.busy_us) == [18, 10] and r.step_time_us == 34
+    free = run(model(nodes, [("a", "b"), ("a", "c")], [[10, 10], [10, 10], [5, 5]]), [0, 1, 0])
+    assert list(free.trace.op_start) == [0, 21, 10] and free.trace.tasks() == []
+
+
+def test_send_task_queues_behind_an_op_that_was_ready_earlier():
+    # p is ready at 0 but waits for a; at 10 p (ready 0) goes before the send (ready 10):
+    # p 10..12, send 12..15, link 15..26, b 26..36.
+    cm = model({"a": 100, "p": 1, "b": 1}, [("a", "b")], [[10, 10], [2, 2], [10, 10]], send_us=3.0)
+    r = run(cm, [0, 0, 1])
+    assert list(r.trace.op_start) == [0, 10, 26]
+    assert r.trace.tasks() == [("send", 0, 0, 12.0, 15.0)]
+    assert r.step_time_us == 36
+
+
+def test_receive_task_delays_the_receivers_next_op_by_recv_us():
+    # a 0..10 on d0, link 10..21. On d1: v 0..21, then w (ready 21) and the receive task
+    # (ready 21, producer a has rank 0) compete: receive 21..25, w 25..30, b 30..35.
+    nodes = {"a": 100, "b": 1, "v": 1, "w": 1}
+    cm = model(nodes, [("a", "b"), ("v", "w")], [[10, 10], [5, 5], [21, 21], [5, 5]], recv_us=4.0)
+    r = run(cm, [0, 1, 1, 1])
+    assert list(r.trace.op_start) == [0, 30, 0, 25]
+    assert r.trace.tasks() == [("recv", 0, 1, 21.0, 25.0)]
+    assert list(r.busy_us) == [10, 35] and r.step_time_us == 35
+
+
+def test_per_byte_send_and_receive_costs():
+    # 128 bytes; link 1 + 128/16 = 9 µs. Send on d0: 1 + 128/16 = 9 µs; receive on d1:
+    # 2 + 128/32 = 6 µs. a 0..10, send 10..19, link 19..28, receive 28..34, b 34..44.
+    cm = model({"a": 128, "b": 1}, [("a", "b")], [[10, 10]] * 2, bandwidth=16.0,
+               send_us=[1.0, 50.0], send_us_per_byte=[1 / 16, 1.0], recv_us=[50.0, 2.0], recv_us_per_byte=[1.0, 1 / 32])
+    r = run(cm, [0, 1])
+    assert r.trace.tasks() == [("send", 0, 0, 10.0, 19.0), ("recv", 0, 1, 28.0, 34.0)]
+    assert (r.trace.x_start[0], r.trace.x_end[0]) == (19, 28)
+    assert list(r.trace.op_start) == [0, 34] and r.step_time_us == 44
+    assert list(r.busy_us) == [19, 16]
+    # a's output (128) is held on d0 until its link transfer ends; the copy on d1 from
+    # the link's start (19) until b ends, with b's own output (1) on top
+    assert list(r.peak_memory_bytes) == [128, 129]
+
+
+def test_a_zero_byte_transfer_with_only_per_byte_costs_skips_both_tasks():
+    cm = model({"a": 0, "b": 1}, [("a", "b")], [[10, 10]] * 2, send_us_per_byte=1.0, recv_us_per_byte=1.0)
+    r = run(cm, [0, 1])
+    assert r.trace.tasks() == [] and r.step_time_us == 10 + 1 + 10
+
+
+def test_zero_transfer_costs_give_the_schedule_without_them():
+    g = presets.load_graph("synthetic-1k")
+    base = presets.load_cluster("k80x4")
+    d = base.to_dict()
+    for dev in d["devices"]:
+        dev.update(send_us=0.0, send_us_per_byte=0.0, recv_us=0.0, recv_us_per_byte=0.0)
+    zero = Cluster.from_dict(d)
+    for dev in d["devices"]:
+        dev.update(send_us=2.0, recv_us=1.0)
+    costly = Cluster.from_dict(d)
+    from placetool.search import Problem
+
+    cm_base, cm_zero, cm_costly = (CostModel(g, c) for c in (base, zero, costly))
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        p = g.to_placement(Problem(cm_base).random_assignment(rng))
+        a, b, c = (cm.simulate(p, trace=True) for cm in (cm_base, cm_zero, cm_costly))
+        assert a.step_time_us == b.step_time_us and np.array_equal(a.trace.op_start, b.trace.op_start)
+        assert np.array_equal(a.busy_us, b.busy_us) and b.trace.tasks() == []
+        assert np.array_equal(a.trace.x_end, b.trace.x_end)
+        assert c.step_time_us > a.step_time_us and len(c.trace.tasks()) == 2 * c.trace.n_transfers
+
+
 # ------------------------------------------------------------- oracle (hypothesis)
 @st.composite
 def problems(draw):
@@ -143,15 +249,7 @@ def problems(draw):
 def test_compiled_equals_reference(args):
     cm, p = args
     r = cm.simulate(p, trace=True)
-    ref = reference.simulate(cm.graph, cm.T, p, cm.cluster.latency_us, cm.cluster.bandwidth_bytes_per_us)
-    assert r.step_time_us == ref.step_time_us
-    assert np.array_equal(r.busy_us, ref.busy_us)
-    assert np.array_equal(r.peak_memory_bytes, ref.peak_memory_bytes)
-    assert r.feasible == bool(np.all(ref.peak_memory_bytes <= cm.capacity))
-    assert np.array_equal(r.trace.op_start, ref.op_start)
-    assert np.array_equal(r.trace.op_end, ref.op_end)
-    got = list(zip(r.trace.x_tensor, r.trace.x_src, r.trace.x_dst, r.trace.x_start, r.trace.x_end))
-    assert got == ref.transfers
+    same_as_reference(cm, p, r)
     # the batch kernel gives the same numbers
     b = cm.simulate_batch(np.stack([p, p]))
     assert list(b.step_time_us) == [r.step_time_us] * 2
@@ -169,7 +267,7 @@ def test_compiled_equals_reference_on_a_synthetic_graph(name):
 
         p = g.to_placement(Problem(cm).random_assignment(rng))
         r = cm.simulate(p)
-        ref = reference.simulate(g, cm.T, p, cm.cluster.latency_us, cm.cluster.bandwidth_bytes_per_us)
+        ref = reference.simulate(g, cm.T, p, cm.cluster)
         assert r.step_time_us == ref.step_time_us
         assert np.array_equal(r.peak_memory_bytes, ref.peak_memory_bytes)
 

@@ -6,8 +6,11 @@ import tomli_w
 
 GiB = 1 << 30
 HERE = Path(__file__).parent
+# Copy engines (GPU) and DMA (host) move tensors without occupying the compute queue: see README.md.
+NO_TRANSFER_COST = dict(send_us=0.0, send_us_per_byte=0.0, recv_us=0.0, recv_us_per_byte=0.0)
 CPU = dict(name="cpu:0", kind="cpu", memory_bytes=64 * GiB, peak_flops_per_us=1.18e6,
-           memory_bandwidth_bytes_per_us=6.8e4, launch_overhead_us=2.0, cost_source="roofline")
+           memory_bandwidth_bytes_per_us=6.8e4, launch_overhead_us=2.0, cost_source="roofline",
+           **NO_TRANSFER_COST)
 GPUS = {  # peak FP32 FLOP/µs, bytes/µs, memory
     "k80": (4.37e6, 2.40e5, 12 * GiB, "NVIDIA K80 (one GK210 die)"),
     "k40": (4.29e6, 2.88e5, 12 * GiB, "NVIDIA K40"),
@@ -22,7 +25,8 @@ def preset(gpu: str, n: int) -> dict:
     flops, bw, mem, label = GPUS[gpu]
     devices = [CPU] + [
         dict(name=f"gpu:{i}", kind="gpu", memory_bytes=mem, peak_flops_per_us=flops,
-             memory_bandwidth_bytes_per_us=bw, launch_overhead_us=5.0, cost_source="roofline")
+             memory_bandwidth_bytes_per_us=bw, launch_overhead_us=5.0, cost_source="roofline",
+             **NO_TRANSFER_COST)
         for i in range(n)
     ]
     d = {
