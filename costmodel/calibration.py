@@ -22,7 +22,15 @@ The JSON file (format ``placetool.profile``, version 1)::
      "fits": {"cpu": {"MatMul": {"intercept_us": .., "us_per_flop": .., "us_per_byte": .., "n": ..}}},
      "links": [{"src": "cpu:0", "dst": "cpu:1", "latency_us": .., "bandwidth_bytes_per_us": ..,
                 "samples": [[bytes, us], ...]}],
-     "cluster": {...}}                             # the calibrated cluster (Cluster.to_dict)
+     "cluster": {...},                             # the calibrated cluster (Cluster.to_dict)
+     "meta": {"transfer_fit": {                    # fitted to designed split placements
+                 "params": {"latency_us": .., "send_us": .., "send_us_per_byte": ..,
+                            "recv_us": .., "recv_us_per_byte": ..},
+                 "fit": {"n": .., "median_abs_error_pct": .., "max_abs_error_pct": ..},
+                 "held_out": {...}, "noise_floor_pct": ..,
+                 "placements": [{"label", "held_out", "transfers", "measured_us",
+                                 "spread_pct", "predicted_us", "error_pct"}, ...]},
+              "noisy": "..."}}                     # only when the noise floor was too high
 
 Units: microseconds, bytes, FLOPs.
 """
