@@ -104,12 +104,16 @@ def candidate_placements(cm, n_total: int, seed: int, log, seconds=ITERATIVE):
     from placetool.search import Budget, Problem, run
 
     g, cl = cm.graph, cm.cluster
-    out, seen = [], set()
+    out, seen = [], {}
 
     def add(label, p):
         p = np.ascontiguousarray(p, np.int32)
-        if p.tobytes() not in seen and cm.violation(p) is None:
-            seen.add(p.tobytes())
+        k = p.tobytes()
+        if k in seen:  # a method that returns another's placement: one row, both names
+            i = seen[k]
+            out[i] = (f"{out[i][0]}={label}", out[i][1])
+        elif cm.violation(p) is None:
+            seen[k] = len(out)
             out.append((label, p))
 
     for d in range(cl.n_devices):

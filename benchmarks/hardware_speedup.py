@@ -91,6 +91,7 @@ def main(argv=None) -> int:
             cm = CostModel(t.graph, cl, profile=profile)
             prob = Problem(cm)
             cands = [(label, p) for _, label, p in baselines(prob, a.seed)]
+            one_shot = cands[-1][0]  # the best one-shot method's name (or single, if none ran)
             try:
                 cands.insert(1, ("expert", run("expert", prob, Budget(evals=8), seed=a.seed).placement))
             except Exception as e:  # noqa: BLE001 - a graph without layer tags has no expert placement
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
                 "measured": {label: m.to_dict() for label, m in meas.items()},
                 "predicted_us": {label: float(cm.simulate(p).step_time_us + profile.step_overhead(len(np.unique(p))))
                                  for label, p in cands},
-                "baseline": cands[-2][0],
+                "baseline": one_shot,
                 "recommended": v["recommended_label"],
                 "gain_vs_single_pct": 100 * (single.step_us - recm.step_us) / single.step_us,
                 "gain_vs_best_baseline_pct": 100 * (best_base.step_us - recm.step_us) / best_base.step_us,

@@ -63,7 +63,8 @@ class Traced:
       ``value.numpy()``, read eagerly, outside any ``tf.Graph`` context) or an
       ``EagerTensor`` (a captured constant; feed it or replace it by a ``Const``).
       Placeholders for variables have dtype ``resource``.
-      :func:`placetool.costmodel.tf.session.runnable_graph_def` does the replacement in place (same node names) and returns the initial values;
+      :func:`placetool.costmodel.tf.session.runnable_graph_def` does the replacement in
+      place (same node names) and returns the initial values;
       ``tests/test_tf_import.py::_run_step`` runs a step with it. (If you instead create
       stand-ins and ``input_map`` them, put them under a fresh top-level scope: a new op
       named ``X/Y/...`` makes TF rename an imported ``X/Y`` to ``X/Y_1``.)
