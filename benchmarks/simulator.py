@@ -2,6 +2,7 @@
 
     python benchmarks/simulator.py            # table
     python benchmarks/simulator.py --json     # {"rows": [...], "first_call": {...}}
+    python benchmarks/simulator.py --callgrind --graphs synthetic-10k   # instructions per placement
 
 Per graph (synthetic-1k/10k/50k on k80x4, random group assignments), measured side by
 side in one run: ms per placement of ``CostModel.simulate`` (compiled) and of the
@@ -27,7 +28,7 @@ def first_call_seconds(cache_dir: str) -> float:
     """Seconds from a fresh interpreter to the first simulated placement."""
     code = (
         "import time; t=time.perf_counter();"
-        "from costmodel import CostModel, presets;"
+        "from placetool.costmodel import CostModel, presets;"
         "cm=CostModel(presets.load_graph('synthetic-1k'), presets.load_cluster('k80x2'));"
         "cm.simulate(cm.single_device(1)); cm.simulate_batch(cm.single_device(1)[None]);"
         "print(time.perf_counter()-t)"
@@ -35,6 +36,37 @@ def first_call_seconds(cache_dir: str) -> float:
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return float(out.stdout.strip())
+
+
+CALLGRIND_SETUP = """
+import numpy as np
+from placetool.costmodel import CostModel, presets
+from placetool.search import Problem
+cm = CostModel(presets.load_graph({graph!r}), presets.load_cluster({cluster!r}))
+pr = Problem(cm)
+rng = np.random.default_rng(0)
+P = [cm.graph.to_placement(pr.random_assignment(rng)) for _ in range(8)]
+cm.simulate(P[0])
+"""
+
+
+def callgrind_instructions(setup: str, body: str, reps: int) -> float:
+    """Instructions per repetition of ``body`` (``i`` counts repetitions), counted by
+    callgrind: a run with ``reps`` repetitions minus one with none, so interpreter start,
+    imports and the numba cache load cancel. Instruction counts do not depend on other
+    load on the machine, unlike times."""
+    counts = []
+    for k in (0, reps):
+        code = setup + f"\nfor i in range({k}):\n" + "\n".join("    " + ln for ln in body.splitlines()) + "\n"
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "cg.out")
+            env = dict(os.environ, NUMBA_NUM_THREADS="1")
+            subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-c", code],
+                           env=env, check=True, capture_output=True)
+            with open(out) as f:
+                totals = [ln for ln in f if ln.startswith(("summary:", "totals:"))]
+            counts.append(int(totals[-1].split()[1]))
+    return (counts[1] - counts[0]) / reps
 
 
 def timed(fn, reps: int, clock=time.process_time) -> float:
@@ -92,7 +124,20 @@ def main(argv=None) -> None:
     ap.add_argument("--graphs", default="synthetic-1k,synthetic-10k,synthetic-50k")
     ap.add_argument("--cluster", default="k80x4")
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--callgrind", action="store_true",
+                    help="count instructions per simulated placement with callgrind instead (slow)")
+    ap.add_argument("--callgrind-reps", type=int, default=20)
     args = ap.parse_args(argv)
+    if args.callgrind:
+        from placetool.costmodel import presets
+
+        for name in args.graphs.split(","):
+            setup = CALLGRIND_SETUP.format(graph=name, cluster=args.cluster)
+            per = callgrind_instructions(setup, "cm.simulate(P[i % 8])", args.callgrind_reps)
+            n = presets.load_graph(name).n_ops
+            print(json.dumps({"graph": name, "cluster": args.cluster, "instructions_per_placement": per,
+                              "instructions_per_op": per / n}))
+        return
 
     with tempfile.TemporaryDirectory() as cache:
         compile_s = first_call_seconds(cache)  # empty cache: compiles

@@ -1,13 +1,38 @@
-"""Numba kernels of the critical-path simulator.
+"""The compiled simulation engine: one event loop for full and incremental runs.
 
-Same semantics as :mod:`placetool.costmodel.reference` (read its docstring), bit for bit. Only
-arrays go in and out: the graph as CSR arrays (:class:`placetool.costmodel.graph.GraphCSR`),
-op times ``T[op, device]``, link matrices and the placement. Heaps are arrays of ints
-ordered by a parallel key array; the per-device ready heaps share one buffer, sliced by
-how many ops each device holds.
+Same rules as :mod:`placetool.costmodel.reference` (read its docstring), bit for bit. The
+loop :func:`_run` handles the same events as the reference with the same steps
+(:func:`_dispatch`, :func:`_op_done`, :func:`_send_done`, :func:`_link_done`,
+:func:`_recv_done`), on arrays packed in named tuples:
+
+- :class:`Net`: the graph on the cluster (CSR adjacency, op times, links, device
+  transfer costs), read only;
+- :class:`Work`: the running state, allocated once and reused across calls (one per
+  thread); nothing in it needs clearing between runs except what :func:`init_fresh`
+  resets;
+- :class:`Checkpoints` and :class:`Base`: the incremental simulator's saved states and
+  its base run (see :mod:`placetool.costmodel.incremental`).
+
+A full simulation is the incremental loop with no checkpoints: :func:`simulate_full`
+runs :func:`_run` with the literal ``INCR=False``, which compiles the checkpoint and
+convergence bookkeeping away.
+
+Memory is tracked as *live* bytes (outputs and received copies) per device; parameter
+bytes are constant over a run, so peak = parameters + peak live, added by the caller.
+``copy_of[t * D + d]`` (the transfer bringing tensor t to device d) is never cleared:
+an entry counts only if it points below ``n_x`` at a transfer of that tensor to that
+device.
+
+Ready queues: per device, a heap of int64 op keys ``(epoch << 32) | rank`` (the epoch
+counts distinct event instants; ready times only grow, so (epoch, rank) orders exactly
+like (ready time, rank)), and a heap of send/receive tasks keyed by ``(epoch << 32 |
+producer rank, (tensor * D + destination) * 2 + kind - 1)``. Both are slices of shared
+buffers, sized by how many ops (tasks) each device can hold.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
@@ -17,6 +42,7 @@ OP_DONE = 0
 SEND_DONE = 1
 XFER_DONE = 2
 RECV_DONE = 3
+LOW = np.int64(0xFFFFFFFF)
 
 
 # --------------------------------------------------------------------- heaps
@@ -112,318 +138,840 @@ def keyheap_pop(heap, base, size):
     return top
 
 
-# ------------------------------------------------------------------ simulator
-@njit(cache=True, error_model="numpy")
-def simulate_into(
-    placement, T, rank, topo_order, out_bytes, param_bytes, tensor_op, tensor_bytes,
-    op_tensor_ptr, tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst, in_ptr, in_tensor, n_inputs,
-    latency, bandwidth, xcost,
-    op_start, op_end, busy, peak,
-    x_tensor, x_src, x_dst, x_start, x_end, x_task,
-):
-    """Simulate one placement; fills the output arrays and returns (makespan, n_transfers).
+# ------------------------------------------------------------------- packing
+class Net(NamedTuple):
+    """The graph on the cluster, as the engine reads it (index arrays are intp)."""
 
-    ``xcost`` is the cluster's (4, D) send/receive costs. ``x_*`` arrays need room for
-    one transfer per data edge; ``x_task[x]`` gets the send task's start and end and the
-    receive task's (NaN for a skipped stage). Returns makespan ``inf`` (and leaves the
-    outputs partial) if some op has no kernel on its device.
-    """
-    n = placement.shape[0]
-    D = T.shape[1]
-    nt = tensor_op.shape[0]
-    n_data = tensor_cons.shape[0]
+    T: np.ndarray  # float64 [n, D]: op time on each device
+    rank: np.ndarray  # [n] topological rank
+    topo_order: np.ndarray  # [n] op of each rank
+    out_bytes: np.ndarray  # int64 [n]
+    tensor_op: np.ndarray  # [nt] producer
+    tensor_bytes: np.ndarray  # int64 [nt]
+    op_tensor_ptr: np.ndarray  # [n + 1] -> tensors (tensors are sorted by op)
+    tensor_ptr: np.ndarray  # [nt + 1] -> tensor_cons
+    tensor_cons: np.ndarray  # [n_data] consumer per data edge
+    ctrl_ptr: np.ndarray  # [n + 1] -> ctrl_dst
+    ctrl_dst: np.ndarray
+    in_ptr: np.ndarray  # [n + 1] -> in_tensor
+    in_tensor: np.ndarray  # [n_data] tensor per data edge into op
+    n_inputs: np.ndarray  # [n] data + control edges in
+    latency: np.ndarray  # float64 [D, D]
+    bandwidth: np.ndarray  # float64 [D, D]
+    xcost: np.ndarray  # float64 [4, D]: send_us, send_us_per_byte, recv_us, recv_us_per_byte
+    has_tasks: bool  # some device has a nonzero send/receive cost
 
-    for d in range(D):
-        busy[d] = 0.0
-        peak[d] = 0
-    for op in range(n):
-        if not np.isfinite(T[op, placement[op]]):
-            return np.inf, 0
 
-    mem = np.zeros(D, np.int64)
-    for op in range(n):
-        mem[placement[op]] += param_bytes[op]
-    for d in range(D):
-        peak[d] = mem[d]
+def make_net(graph, cluster, T) -> Net:
+    """Pack a graph, cluster and op-time matrix for the engine."""
+    c = graph.csr
+    ip = np.intp
 
-    # ready heaps: one slice of rq per device
-    count = np.zeros(D, np.int64)
-    for op in range(n):
-        count[placement[op]] += 1
-    rq_base = np.zeros(D, np.int64)
-    for d in range(1, D):
-        rq_base[d] = rq_base[d - 1] + count[d - 1]
-    rq = np.empty(max(n, 1), np.int64)
-    rq_size = np.zeros(D, np.int64)
-    # Ready keys are (epoch << 32) | rank, the epoch counting distinct event times so far.
-    # Ready times only grow, so (epoch, rank) orders exactly like (ready time, rank),
-    # with one int64 comparison and no indirection.
-    low = np.int64(0xFFFFFFFF)
-    epoch = np.int64(0)
-    running = np.zeros(D, np.bool_)
+    def a(x, dt=ip):
+        return np.ascontiguousarray(x, dt)
 
-    missing = n_inputs.copy()
-    out_refs = np.zeros(n, np.int64)
-    x_refs = np.zeros(max(n_data, 1), np.int64)
-    x_next = np.full(max(n_data, 1), -1, np.int64)
-    copy_of = np.full(nt * D, -1, np.int64)
-    n_x = 0
+    xcost = np.ascontiguousarray(cluster.transfer_costs(), np.float64)
+    return Net(
+        T=a(T, np.float64), rank=a(graph.topo_rank), topo_order=a(graph.topo_order),
+        out_bytes=a(graph.out_bytes, np.int64), tensor_op=a(graph.tensor_op),
+        tensor_bytes=a(graph.tensor_bytes, np.int64), op_tensor_ptr=a(c.op_tensor_ptr), tensor_ptr=a(c.tensor_ptr),
+        tensor_cons=a(c.tensor_cons), ctrl_ptr=a(c.ctrl_ptr), ctrl_dst=a(c.ctrl_dst), in_ptr=a(c.in_ptr),
+        in_tensor=a(c.in_tensor), n_inputs=a(c.n_inputs), latency=a(cluster.latency_us, np.float64),
+        bandwidth=a(cluster.bandwidth_bytes_per_us, np.float64), xcost=xcost, has_tasks=bool(np.any(xcost != 0)),
+    )
 
+
+class Work(NamedTuple):
+    """The engine's running state (and the trace of the last run)."""
+
+    live: np.ndarray  # int64 [D] output and copy bytes held now
+    livepeak: np.ndarray  # int64 [D]
+    seg: np.ndarray  # int64 [D] live peak since the last checkpoint
+    busy: np.ndarray  # float64 [D]
+    running: np.ndarray  # bool [D]
+    rq: np.ndarray  # int64 [n] ready-op heaps, one slice per device
+    rq_base: np.ndarray  # [D]
+    rq_size: np.ndarray  # [D]
+    tq_k1: np.ndarray  # int64 task heaps: (epoch << 32) | producer rank
+    tq_k2: np.ndarray  # int64 (tensor * D + destination) * 2 + kind - 1
+    tq_id: np.ndarray  # transfer * 2 + kind - 1
+    tq_base: np.ndarray  # [D]
+    tq_size: np.ndarray  # [D]
+    epoch_time: np.ndarray  # float64: time of each distinct event instant
+    missing: np.ndarray  # [n] inputs not yet on the op's device
+    out_refs: np.ndarray  # [n] holders of the op's outputs
+    x_tensor: np.ndarray  # per transfer, in creation order
+    x_src: np.ndarray
+    x_dst: np.ndarray
+    x_refs: np.ndarray  # consumers on the destination not yet finished
+    x_next: np.ndarray  # next transfer in the link queue
+    copy_of: np.ndarray  # [nt * D] transfer of (tensor, destination); see the module docstring
+    link_head: np.ndarray  # [D * D]
+    link_tail: np.ndarray
+    link_busy: np.ndarray
+    link_pending: np.ndarray  # link in ``pending`` (may start a transfer at the next dispatch)
+    pending: np.ndarray
+    ev_t: np.ndarray  # event heap: time, kind * key_span + (rank or transfer), op or transfer
+    ev_k: np.ndarray
+    ev_id: np.ndarray
+    op_start: np.ndarray  # float64 [n] (full runs only)
+    op_end: np.ndarray  # float64 [n]
+    x_start: np.ndarray  # float64 link start and end (full runs only)
+    x_end: np.ndarray
+    x_task: np.ndarray  # float64 [n_data, 4] send start, end, receive start, end; NaN if skipped
+    moved: np.ndarray  # bool [n] ops a move changed (incremental only)
+    mark: np.ndarray  # [n] scratch
+    sc: np.ndarray  # int64 [4]: n_ev, n_x, n_checkpoints, epoch
+    sf: np.ndarray  # float64 [2]: makespan, now (the last instant handled)
+
+
+@njit(cache=True)
+def make_work(n, nt, n_data, D):
+    """A Work for graphs of n ops, nt tensors and n_data data edges on D devices."""
+    n1 = max(n, 1)
+    m = max(n_data, 1)
     L = D * D
-    link_head = np.full(L, -1, np.int64)
-    link_tail = np.full(L, -1, np.int64)
-    link_busy = np.zeros(L, np.bool_)
-    link_pending = np.zeros(L, np.bool_)
-    pending = np.empty(L, np.int64)
-    n_pending = 0
-
-    # send/receive tasks: per device a heap of (ready epoch << 32 | producer rank,
-    # (tensor * D + destination) * 2 + kind - 1) -> transfer * 2 + kind - 1, sliced from one
-    # buffer by the most tasks each device can get (its ops' data edges out and in)
-    tq_base = np.zeros(D + 1, np.int64)
-    for op in range(n):
-        d = placement[op]
-        for t in range(op_tensor_ptr[op], op_tensor_ptr[op + 1]):
-            tq_base[d + 1] += tensor_ptr[t + 1] - tensor_ptr[t]
-        tq_base[d + 1] += in_ptr[op + 1] - in_ptr[op]
-    for d in range(D):
-        tq_base[d + 1] += tq_base[d]
-    tq_k1 = np.empty(max(tq_base[D], 1), np.int64)
-    tq_k2 = np.empty(max(tq_base[D], 1), np.int64)
-    tq_id = np.empty(max(tq_base[D], 1), np.int64)
-    tq_size = np.zeros(D, np.int64)
-
     cap = n + 3 * n_data + 1
-    ev_t = np.empty(cap, np.float64)
-    ev_k = np.empty(cap, np.int64)
-    ev_id = np.empty(cap, np.int64)
-    n_ev = 0
-    key_span = np.int64(max(n, n_data) + 1)
+    ip = np.intp
+    return Work(
+        np.zeros(D, np.int64), np.zeros(D, np.int64), np.zeros(D, np.int64), np.zeros(D), np.zeros(D, np.bool_),
+        np.zeros(n1, np.int64), np.zeros(D, ip), np.zeros(D, ip),
+        np.zeros(2 * m, np.int64), np.zeros(2 * m, np.int64), np.zeros(2 * m, ip), np.zeros(D, ip), np.zeros(D, ip),
+        np.zeros(cap + 1), np.zeros(n1, ip), np.zeros(n1, ip),
+        np.zeros(m, ip), np.zeros(m, ip), np.zeros(m, ip), np.zeros(m, ip), np.zeros(m, ip),
+        np.full(max(nt, 1) * D, -1, ip),
+        np.full(L, -1, ip), np.full(L, -1, ip), np.zeros(L, np.bool_), np.zeros(L, np.bool_), np.zeros(L, ip),
+        np.zeros(cap), np.zeros(cap, np.int64), np.zeros(cap, ip),
+        np.zeros(n1), np.zeros(n1), np.zeros(m), np.zeros(m), np.zeros((m, 4)),
+        np.zeros(n1, np.bool_), np.zeros(n1, ip), np.zeros(4, np.int64), np.zeros(2),
+    )
 
+
+def work_for(net: Net) -> Work:
+    """A Work sized for ``net``."""
+    n, D = net.T.shape
+    return make_work(n, net.tensor_op.shape[0], net.tensor_cons.shape[0], D)
+
+
+class Checkpoints(NamedTuple):
+    """Saved states of a base run (leading axis: checkpoint)."""
+
+    f: np.ndarray  # float64 [C, 3]: next event time, makespan, now
+    i: np.ndarray  # int64 [C, 8]: n_x, n_ev, epoch, clean, 2 checksums, task offset, task count
+    busy: np.ndarray  # [C, D]
+    live: np.ndarray
+    livepeak: np.ndarray
+    running: np.ndarray
+    rqsize: np.ndarray
+    tqsize: np.ndarray
+    link: np.ndarray  # [C, 3, L] head, tail, busy
+    ev_t: np.ndarray  # [C, E] the event heap
+    ev_k: np.ndarray
+    ev_id: np.ndarray
+    op: np.ndarray  # [C, 2, n] missing, out_refs
+    rq: np.ndarray  # [C, n] ready-op keys, device by device
+    rqready: np.ndarray  # [C, n] their ready times
+    x: np.ndarray  # [C, 2, n_data] refs, next
+    seg: np.ndarray  # [C, D] live peak of the segment that starts at each checkpoint
+    alive: np.ndarray  # [C] transfers with refs > 0
+    tq_k1: np.ndarray  # [P] pool of saved task heaps (checkpoint j at i[j, 6], i[j, 7] long)
+    tq_k2: np.ndarray
+    tq_id: np.ndarray
+    tq_ready: np.ndarray
+
+
+@njit(cache=True)
+def make_checkpoints(C, n, n_data, D, pool):
+    """Room for C checkpoints; ``pool`` queued send/receive tasks across all of them."""
+    L, E = D * D, 2 * D + D * D
+    n1, m, P = max(n, 1), max(n_data, 1), max(pool, 1)
+    return Checkpoints(
+        np.zeros((C, 3)), np.zeros((C, 8), np.int64), np.zeros((C, D)), np.zeros((C, D), np.int64),
+        np.zeros((C, D), np.int64), np.zeros((C, D), np.bool_), np.zeros((C, D), np.intp), np.zeros((C, D), np.intp),
+        np.zeros((C, 3, L), np.intp), np.zeros((C, E)), np.zeros((C, E), np.int64), np.zeros((C, E), np.intp),
+        np.zeros((C, 2, n1), np.intp), np.zeros((C, n1), np.int64), np.zeros((C, n1)), np.zeros((C, 2, m), np.intp),
+        np.zeros((C, D), np.int64), np.zeros(C, np.int64),
+        np.zeros(P, np.int64), np.zeros(P, np.int64), np.zeros(P, np.intp), np.zeros(P),
+    )
+
+
+class Base(NamedTuple):
+    """The base run's transfers (tensor, source, destination) and copy table."""
+
+    x_tensor: np.ndarray
+    x_src: np.ndarray
+    x_dst: np.ndarray
+    copy_of: np.ndarray
+
+
+@njit(cache=True)
+def make_base(nt, n_data, D):
+    """Room for the base run's transfers."""
+    m = max(n_data, 1)
+    return Base(np.zeros(m, np.intp), np.zeros(m, np.intp), np.zeros(m, np.intp), np.full(max(nt, 1) * D, -1, np.intp))
+
+
+# ------------------------------------------------------------------ set-up
+@njit(cache=True)
+def set_bases(net, w, placement):
+    """Slice the ready-op and task heap buffers by device for ``placement``."""
+    D = w.live.shape[0]
+    n = placement.shape[0]
+    for d in range(D):
+        w.rq_size[d] = 0  # used as a counter here
+        w.tq_size[d] = 0
     for op in range(n):
-        if missing[op] == 0:
+        w.rq_size[placement[op]] += 1
+    acc = 0
+    for d in range(D):
+        w.rq_base[d] = acc
+        acc += w.rq_size[d]
+    if net.has_tasks:
+        # a device holds at most one send task per data edge out of its ops and one
+        # receive task per data edge into them
+        for op in range(n):
             d = placement[op]
-            keyheap_push(rq, rq_base[d], rq_size[d], np.int64(rank[op]))
-            rq_size[d] += 1
-
-    now = 0.0
-    makespan = 0.0
-    while True:
-        # ---- dispatch: idle devices start their best ready op, idle links their oldest transfer
+            w.tq_size[d] += (net.tensor_ptr[net.op_tensor_ptr[op + 1]] - net.tensor_ptr[net.op_tensor_ptr[op]]
+                             + net.in_ptr[op + 1] - net.in_ptr[op])
+        acc = 0
         for d in range(D):
-            if running[d]:
-                continue
-            if tq_size[d] > 0 and (rq_size[d] == 0 or tq_k1[tq_base[d]] < rq[rq_base[d]]):
-                b0 = tq_base[d]
-                task = tq_id[b0]
-                tq_size[d] = heap_pop(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[d])
-                x = task >> 1
-                b = tensor_bytes[x_tensor[x]]
-                if task & 1:
-                    dur = xcost[2, d] + b * xcost[3, d]
-                else:
-                    dur = xcost[0, d] + b * xcost[1, d]
-                running[d] = True
-                busy[d] += dur
-                x_task[x, 2 * (task & 1)] = now
-                x_task[x, 2 * (task & 1) + 1] = now + dur
-                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, now + dur,
-                                 (SEND_DONE + 2 * (task & 1)) * key_span + x, x)
-            elif rq_size[d] > 0:
-                op = topo_order[keyheap_pop(rq, rq_base[d], rq_size[d]) & low]
-                rq_size[d] -= 1
-                running[d] = True
-                op_start[op] = now
-                end = now + T[op, d]
-                op_end[op] = end
-                busy[d] += T[op, d]
-                mem[d] += out_bytes[op]
-                if mem[d] > peak[d]:
-                    peak[d] = mem[d]
-                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, end, OP_DONE * key_span + rank[op], op)
-        for k in range(n_pending):
-            l = pending[k]
-            link_pending[l] = False
-            if not link_busy[l] and link_head[l] >= 0:
-                x = link_head[l]
-                link_head[l] = x_next[x]
-                if link_head[l] < 0:
-                    link_tail[l] = -1
-                link_busy[l] = True
-                s = x_src[x]
-                dd = x_dst[x]
-                b = tensor_bytes[x_tensor[x]]
-                x_start[x] = now
-                x_end[x] = now + (latency[s, dd] + b / bandwidth[s, dd])
-                mem[dd] += b
-                if mem[dd] > peak[dd]:
-                    peak[dd] = mem[dd]
-                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, x_end[x], XFER_DONE * key_span + x, x)
-        n_pending = 0
+            w.tq_base[d] = acc
+            acc += w.tq_size[d]
 
+
+@njit(cache=True)
+def init_fresh(net, w, placement):
+    """The state at time 0 before the first dispatch."""
+    n = placement.shape[0]
+    D = w.live.shape[0]
+    set_bases(net, w, placement)
+    for d in range(D):
+        w.live[d] = 0
+        w.livepeak[d] = 0
+        w.seg[d] = 0
+        w.busy[d] = 0.0
+        w.running[d] = False
+        w.rq_size[d] = 0
+        w.tq_size[d] = 0
+    for l in range(D * D):
+        w.link_head[l] = -1
+        w.link_tail[l] = -1
+        w.link_busy[l] = False
+        w.link_pending[l] = False
+    for op in range(n):
+        w.missing[op] = net.n_inputs[op]
+        w.out_refs[op] = 0
+        if w.missing[op] == 0:
+            d = placement[op]
+            keyheap_push(w.rq, w.rq_base[d], w.rq_size[d], np.int64(net.rank[op]))
+            w.rq_size[d] += 1
+    w.epoch_time[0] = 0.0
+    w.sc[0] = 0
+    w.sc[1] = 0
+    w.sc[3] = 0
+    w.sf[0] = 0.0
+    w.sf[1] = 0.0
+
+
+# ------------------------------------------------------------------ handlers
+@njit(cache=True, inline="always")
+def _hold(w, d, nbytes, INCR):
+    w.live[d] += nbytes
+    if w.live[d] > w.livepeak[d]:
+        w.livepeak[d] = w.live[d]
+    if INCR and w.live[d] > w.seg[d]:
+        w.seg[d] = w.live[d]
+
+
+@njit(cache=True, inline="always")
+def _to_link(w, x, l, n_pending):
+    """Queue transfer x on link l; returns the new number of pending links."""
+    w.x_next[x] = -1
+    if w.link_tail[l] >= 0:
+        w.x_next[w.link_tail[l]] = x
+    else:
+        w.link_head[l] = x
+    w.link_tail[l] = x
+    if not w.link_pending[l]:
+        w.link_pending[l] = True
+        w.pending[n_pending] = l
+        n_pending += 1
+    return n_pending
+
+
+@njit(cache=True, inline="always")
+def _push_task(w, d, k1, k2, task):
+    b0 = w.tq_base[d]
+    w.tq_size[d] = heap_push(w.tq_k1[b0:], w.tq_k2[b0:], w.tq_id[b0:], w.tq_size[d], k1, k2, task)
+
+
+@njit(cache=True, inline="always")
+def _input_arrived(net, w, placement, c, epoch, wm):
+    """One more input of op c is on its device; returns the updated checksum."""
+    w.missing[c] -= 1
+    wm -= net.rank[c] + 1
+    if w.missing[c] == 0:
+        dc = placement[c]
+        keyheap_push(w.rq, w.rq_base[dc], w.rq_size[dc], (epoch << 32) | net.rank[c])
+        w.rq_size[dc] += 1
+    return wm
+
+
+@njit(cache=True, inline="always")
+def _arrived(net, w, placement, t, dd, epoch, wm):
+    """Tensor t is on device dd: its consumers there get one input each."""
+    for e in range(net.tensor_ptr[t], net.tensor_ptr[t + 1]):
+        c = net.tensor_cons[e]
+        if placement[c] == dd:
+            wm = _input_arrived(net, w, placement, c, epoch, wm)
+    return wm
+
+
+@njit(cache=True, inline="always")
+def _dispatch(net, w, now, n_ev, n_pending, key_span, INCR):
+    """Idle devices start their best ready task; idle links their oldest transfer."""
+    D = w.live.shape[0]
+    for d in range(D):
+        if w.running[d]:
+            continue
+        if net.has_tasks and w.tq_size[d] > 0 and (w.rq_size[d] == 0 or w.tq_k1[w.tq_base[d]] < w.rq[w.rq_base[d]]):
+            b0 = w.tq_base[d]
+            task = w.tq_id[b0]
+            w.tq_size[d] = heap_pop(w.tq_k1[b0:], w.tq_k2[b0:], w.tq_id[b0:], w.tq_size[d])
+            x = task >> 1
+            recv = task & 1
+            b = net.tensor_bytes[w.x_tensor[x]]
+            dur = net.xcost[2 * recv, d] + b * net.xcost[2 * recv + 1, d]
+            w.running[d] = True
+            w.busy[d] += dur
+            if not INCR:
+                w.x_task[x, 2 * recv] = now
+                w.x_task[x, 2 * recv + 1] = now + dur
+            n_ev = heap_push(w.ev_t, w.ev_k, w.ev_id, n_ev, now + dur, (SEND_DONE + 2 * recv) * key_span + x, x)
+        elif w.rq_size[d] > 0:
+            op = net.topo_order[keyheap_pop(w.rq, w.rq_base[d], w.rq_size[d]) & LOW]
+            w.rq_size[d] -= 1
+            w.running[d] = True
+            end = now + net.T[op, d]
+            if not INCR:
+                w.op_start[op] = now
+            w.op_end[op] = end
+            w.busy[d] += net.T[op, d]
+            _hold(w, d, net.out_bytes[op], INCR)
+            n_ev = heap_push(w.ev_t, w.ev_k, w.ev_id, n_ev, end, OP_DONE * key_span + net.rank[op], op)
+    for k in range(n_pending):
+        l = w.pending[k]
+        w.link_pending[l] = False
+        if not w.link_busy[l] and w.link_head[l] >= 0:
+            x = w.link_head[l]
+            w.link_head[l] = w.x_next[x]
+            if w.link_head[l] < 0:
+                w.link_tail[l] = -1
+            w.link_busy[l] = True
+            s = w.x_src[x]
+            dd = w.x_dst[x]
+            b = net.tensor_bytes[w.x_tensor[x]]
+            x_end = now + (net.latency[s, dd] + b / net.bandwidth[s, dd])
+            if not INCR:
+                w.x_start[x] = now
+                w.x_end[x] = x_end
+            _hold(w, dd, b, INCR)
+            n_ev = heap_push(w.ev_t, w.ev_k, w.ev_id, n_ev, x_end, XFER_DONE * key_span + x, x)
+    return n_ev
+
+
+@njit(cache=True, inline="always")
+def _op_done(net, w, placement, op, epoch, n_x, n_pending, wm, wo, INCR):
+    """Op finished: free what its inputs held, hand its outputs on (locally or by a
+    new transfer). Returns (n_x, n_pending, wm, wo)."""
+    D = w.live.shape[0]
+    d = placement[op]
+    w.running[d] = False
+    for e in range(net.in_ptr[op], net.in_ptr[op + 1]):
+        t = net.in_tensor[e]
+        prod = net.tensor_op[t]
+        if placement[prod] == d:
+            w.out_refs[prod] -= 1
+            wo -= net.rank[prod] + 1
+            if w.out_refs[prod] == 0:
+                w.live[d] -= net.out_bytes[prod]
+        else:
+            x = w.copy_of[t * D + d]
+            w.x_refs[x] -= 1
+            if w.x_refs[x] == 0:
+                w.live[d] -= net.tensor_bytes[t]
+    refs = 0
+    for t in range(net.op_tensor_ptr[op], net.op_tensor_ptr[op + 1]):
+        for e in range(net.tensor_ptr[t], net.tensor_ptr[t + 1]):
+            c = net.tensor_cons[e]
+            dc = placement[c]
+            if dc == d:
+                refs += 1
+                wm = _input_arrived(net, w, placement, c, epoch, wm)
+                continue
+            x = w.copy_of[t * D + dc]
+            if x >= 0 and x < n_x and w.x_tensor[x] == t and w.x_dst[x] == dc:
+                w.x_refs[x] += 1
+                continue
+            x = n_x
+            n_x += 1
+            w.copy_of[t * D + dc] = x
+            w.x_tensor[x] = t
+            w.x_src[x] = d
+            w.x_dst[x] = dc
+            w.x_refs[x] = 1
+            refs += 1
+            if not INCR:
+                for k in range(4):
+                    w.x_task[x, k] = np.nan
+            if net.has_tasks and net.xcost[0, d] + net.tensor_bytes[t] * net.xcost[1, d] != 0.0:
+                w.x_next[x] = -1
+                _push_task(w, d, (epoch << 32) | net.rank[op], (t * D + dc) * 2, x * 2)
+            else:
+                n_pending = _to_link(w, x, d * D + dc, n_pending)
+    for e in range(net.ctrl_ptr[op], net.ctrl_ptr[op + 1]):
+        wm = _input_arrived(net, w, placement, net.ctrl_dst[e], epoch, wm)
+    w.out_refs[op] = refs
+    wo += refs * np.int64(net.rank[op] + 1)
+    if refs == 0:
+        w.live[d] -= net.out_bytes[op]
+    return n_x, n_pending, wm, wo
+
+
+@njit(cache=True, inline="always")
+def _send_done(w, x, n_pending):
+    """A send task ended: the transfer joins its link's queue."""
+    D = w.live.shape[0]
+    s = w.x_src[x]
+    w.running[s] = False
+    return _to_link(w, x, s * D + w.x_dst[x], n_pending)
+
+
+@njit(cache=True, inline="always")
+def _link_done(net, w, placement, x, epoch, n_pending, wm, wo):
+    """A link transfer ended: the link is free, the source copy may be freed, and the
+    tensor is on its destination unless a receive task must run first."""
+    D = w.live.shape[0]
+    t = w.x_tensor[x]
+    s = w.x_src[x]
+    dd = w.x_dst[x]
+    l = s * D + dd
+    w.link_busy[l] = False
+    if not w.link_pending[l]:
+        w.link_pending[l] = True
+        w.pending[n_pending] = l
+        n_pending += 1
+    prod = net.tensor_op[t]
+    w.out_refs[prod] -= 1
+    wo -= net.rank[prod] + 1
+    if w.out_refs[prod] == 0:
+        w.live[s] -= net.out_bytes[prod]
+    if net.has_tasks and net.xcost[2, dd] + net.tensor_bytes[t] * net.xcost[3, dd] != 0.0:
+        _push_task(w, dd, (epoch << 32) | net.rank[prod], (t * D + dd) * 2 + 1, x * 2 + 1)
+    else:
+        wm = _arrived(net, w, placement, t, dd, epoch, wm)
+    return n_pending, wm, wo
+
+
+@njit(cache=True, inline="always")
+def _recv_done(net, w, placement, x, epoch, wm):
+    """A receive task ended: the tensor is on its destination."""
+    dd = w.x_dst[x]
+    w.running[dd] = False
+    return _arrived(net, w, placement, w.x_tensor[x], dd, epoch, wm)
+
+
+# ---------------------------------------------------------------- the loop
+@njit(cache=True, inline="always")
+def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, check, INCR):
+    """Run from the state in ``w`` to the end of the step.
+
+    With ``INCR`` (a literal): ``record`` saves a checkpoint every ``every`` events into
+    the slots after ``start_ck``; ``check`` compares the state with the base run's
+    checkpoints after ``start_ck`` (up to ``n_ck``) and stops at the first that matches.
+    Returns the matched checkpoint or -1; the makespan is left in ``w.sf[0]``.
+    """
+    D = w.live.shape[0]
+    n = placement.shape[0]
+    key_span = np.int64(max(n, net.tensor_cons.shape[0]) + 1)
+    n_ev = w.sc[0]
+    n_x = w.sc[1]
+    epoch = w.sc[3]
+    makespan = w.sf[0]
+    now = w.sf[1]
+    n_pending = 0
+    if INCR:
+        # pending links are not part of a checkpoint: after a restore every link may start
+        for l in range(D * D):
+            w.link_pending[l] = False
+            if not w.link_busy[l] and w.link_head[l] >= 0:
+                w.link_pending[l] = True
+                w.pending[n_pending] = l
+                n_pending += 1
+    cap_ck = ck.f.shape[0]
+    n_moved = moved_ops.shape[0]
+    n_moved_done = 0
+    next_ck = start_ck + 1
+    since = every if start_ck < 0 else 0
+    cj = start_ck + 1  # next base checkpoint to compare against
+    fresh = start_ck < 0  # no event handled yet
+    # rank-weighted sums of missing inputs and output references: a cheap first test of
+    # whether two states can be equal
+    wm = np.int64(0)
+    wo = np.int64(0)
+    if INCR:
+        for op in range(n):
+            wm += w.missing[op] * np.int64(net.rank[op] + 1)
+            wo += w.out_refs[op] * np.int64(net.rank[op] + 1)
+
+    matched = -1
+    while True:
+        n_ev = _dispatch(net, w, now, n_ev, n_pending, key_span, INCR)
+        n_pending = 0
         if n_ev == 0:
             break
+        if INCR and record and since >= every and next_ck < cap_ck and n_ev <= ck.ev_t.shape[1]:
+            if save(ck, next_ck, w, placement, now, epoch, 1 if (now < w.ev_t[0] or fresh) else 0, n_ev, n_x,
+                    makespan, wm, wo):
+                next_ck += 1
+                since = 0
+        if INCR and check:
+            while cj < n_ck and ck.f[cj, 0] < w.ev_t[0]:
+                cj += 1
+            if cj < n_ck and ck.f[cj, 0] == w.ev_t[0]:
+                if n_moved_done == n_moved and converged(net, ck, base, cj, w, placement, moved_ops, n_ev, n_x,
+                                                         key_span, wm, wo):
+                    matched = cj
+                    break
+                cj += 1
         # ---- handle every event of the next instant
-        if ev_t[0] > now:
+        if w.ev_t[0] > now:
             epoch += 1
-        now = ev_t[0]
-        while n_ev > 0 and ev_t[0] == now:
-            kind_key = ev_k[0]
-            i = ev_id[0]
-            n_ev = heap_pop(ev_t, ev_k, ev_id, n_ev)
-            if kind_key < key_span:  # an op finished
-                op = i
-                d = placement[op]
-                running[d] = False
+            w.epoch_time[epoch] = w.ev_t[0]
+        now = w.ev_t[0]
+        while n_ev > 0 and w.ev_t[0] == now:
+            kind_key = w.ev_k[0]
+            i = w.ev_id[0]
+            n_ev = heap_pop(w.ev_t, w.ev_k, w.ev_id, n_ev)
+            if INCR:
+                since += 1
+                fresh = False
+            if kind_key < key_span:
+                if INCR and w.moved[i]:
+                    n_moved_done += 1
                 if now > makespan:
                     makespan = now
-                for e in range(in_ptr[op], in_ptr[op + 1]):
-                    t = in_tensor[e]
-                    prod = tensor_op[t]
-                    if placement[prod] == d:
-                        out_refs[prod] -= 1
-                        if out_refs[prod] == 0:
-                            mem[d] -= out_bytes[prod]
-                    else:
-                        x = copy_of[t * D + d]
-                        x_refs[x] -= 1
-                        if x_refs[x] == 0:
-                            mem[d] -= tensor_bytes[t]
-                refs = 0
-                for t in range(op_tensor_ptr[op], op_tensor_ptr[op + 1]):
-                    for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
-                        c = tensor_cons[e]
-                        dc = placement[c]
-                        if dc == d:
-                            refs += 1
-                            missing[c] -= 1
-                            if missing[c] == 0:
-                                keyheap_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
-                                rq_size[dc] += 1
-                        elif copy_of[t * D + dc] >= 0:
-                            x_refs[copy_of[t * D + dc]] += 1
-                        else:
-                            x = n_x
-                            n_x += 1
-                            copy_of[t * D + dc] = x
-                            x_tensor[x] = t
-                            x_src[x] = d
-                            x_dst[x] = dc
-                            x_refs[x] = 1
-                            x_next[x] = -1
-                            for k in range(4):
-                                x_task[x, k] = np.nan
-                            refs += 1
-                            b = tensor_bytes[t]
-                            if xcost[0, d] + b * xcost[1, d] != 0.0:
-                                b0 = tq_base[d]
-                                tq_size[d] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[d],
-                                                       (epoch << 32) | rank[op], (t * D + dc) * 2, x * 2)
-                                continue
-                            l = d * D + dc
-                            if link_tail[l] >= 0:
-                                x_next[link_tail[l]] = x
-                            else:
-                                link_head[l] = x
-                            link_tail[l] = x
-                            if not link_pending[l]:
-                                link_pending[l] = True
-                                pending[n_pending] = l
-                                n_pending += 1
-                for e in range(ctrl_ptr[op], ctrl_ptr[op + 1]):
-                    c = ctrl_dst[e]
-                    missing[c] -= 1
-                    if missing[c] == 0:
-                        dc = placement[c]
-                        keyheap_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
-                        rq_size[dc] += 1
-                out_refs[op] = refs
-                if refs == 0:
-                    mem[d] -= out_bytes[op]
-            elif kind_key < 2 * key_span:  # a send task ended: the transfer joins its link's queue
-                x = i
-                s = x_src[x]
-                running[s] = False
-                l = s * D + x_dst[x]
-                if link_tail[l] >= 0:
-                    x_next[link_tail[l]] = x
-                else:
-                    link_head[l] = x
-                link_tail[l] = x
-                if not link_pending[l]:
-                    link_pending[l] = True
-                    pending[n_pending] = l
-                    n_pending += 1
-            elif kind_key < 3 * key_span:  # a link transfer ended
-                x = i
-                t = x_tensor[x]
-                s = x_src[x]
-                dd = x_dst[x]
-                l = s * D + dd
-                link_busy[l] = False
-                if not link_pending[l]:
-                    link_pending[l] = True
-                    pending[n_pending] = l
-                    n_pending += 1
-                prod = tensor_op[t]
-                out_refs[prod] -= 1
-                if out_refs[prod] == 0:
-                    mem[s] -= out_bytes[prod]
-                b = tensor_bytes[t]
-                if xcost[2, dd] + b * xcost[3, dd] != 0.0:
-                    b0 = tq_base[dd]
-                    tq_size[dd] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[dd],
-                                            (epoch << 32) | rank[prod], (t * D + dd) * 2 + 1, x * 2 + 1)
-                    continue
-                for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
-                    c = tensor_cons[e]
-                    if placement[c] == dd:
-                        missing[c] -= 1
-                        if missing[c] == 0:
-                            keyheap_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
-                            rq_size[dd] += 1
-            else:  # a receive task ended: the tensor is on its destination
-                x = i
-                t = x_tensor[x]
-                dd = x_dst[x]
-                running[dd] = False
-                for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
-                    c = tensor_cons[e]
-                    if placement[c] == dd:
-                        missing[c] -= 1
-                        if missing[c] == 0:
-                            keyheap_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
-                            rq_size[dd] += 1
-    return makespan, n_x
+                n_x, n_pending, wm, wo = _op_done(net, w, placement, i, epoch, n_x, n_pending, wm, wo, INCR)
+            elif kind_key < 2 * key_span:
+                n_pending = _send_done(w, i, n_pending)
+            elif kind_key < 3 * key_span:
+                n_pending, wm, wo = _link_done(net, w, placement, i, epoch, n_pending, wm, wo)
+            else:
+                wm = _recv_done(net, w, placement, i, epoch, wm)
+    if INCR and record and next_ck > 0 and matched < 0:
+        for d in range(D):
+            ck.seg[next_ck - 1, d] = w.seg[d]
+    w.sc[0] = n_ev
+    w.sc[1] = n_x
+    w.sc[3] = epoch
+    if INCR and record:
+        w.sc[2] = next_ck
+    w.sf[0] = makespan
+    w.sf[1] = now
+    return matched
+
+
+# ---------------------------------------------------------- entry points
+@njit(cache=True, error_model="numpy")
+def simulate_full(net, w, placement):
+    """Simulate one placement from scratch; returns (makespan, n_transfers), or
+    (inf, 0) if some op has no kernel on its device. Busy time, live peak and the
+    trace are left in ``w``."""
+    n = placement.shape[0]
+    for op in range(n):
+        if not np.isfinite(net.T[op, placement[op]]):
+            return np.inf, 0
+    init_fresh(net, w, placement)
+    _run(net, w, make_checkpoints(0, 0, 0, 0, 0), make_base(0, 0, 0), placement, np.zeros(0, np.intp), -1, 0,
+         False, 1, False, False)
+    return w.sf[0], w.sc[1]
+
+
+@njit(cache=True)
+def device_peak(livepeak, placement, param_bytes):
+    """Peak memory per device: its parameters plus its peak live bytes."""
+    peak = livepeak.copy()
+    for op in range(placement.shape[0]):
+        peak[placement[op]] += param_bytes[op]
+    return peak
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def simulate_batch(
-    placements, T, rank, topo_order, out_bytes, param_bytes, tensor_op, tensor_bytes,
-    op_tensor_ptr, tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst, in_ptr, in_tensor, n_inputs,
-    latency, bandwidth, xcost, step, busy, peak,
-):
-    """Simulate each row of ``placements`` in parallel; fills step, busy, peak."""
+def simulate_batch(net, placements, params, step, busy, peak, chunks):
+    """Simulate each row of ``placements`` in parallel, ``chunks`` runs of rows each with
+    its own Work; fills step, busy and peak (``params``: parameter bytes per op)."""
     B, n = placements.shape
-    n_data = max(tensor_cons.shape[0], 1)
-    for b in prange(B):
-        op_start = np.empty(n, np.float64)
-        op_end = np.empty(n, np.float64)
-        x_tensor = np.empty(n_data, np.int64)
-        x_src = np.empty(n_data, np.int64)
-        x_dst = np.empty(n_data, np.int64)
-        x_start = np.empty(n_data, np.float64)
-        x_end = np.empty(n_data, np.float64)
-        x_task = np.empty((n_data, 4), np.float64)
-        ms, _ = simulate_into(
-            placements[b], T, rank, topo_order, out_bytes, param_bytes, tensor_op, tensor_bytes,
-            op_tensor_ptr, tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst, in_ptr, in_tensor, n_inputs,
-            latency, bandwidth, xcost, op_start, op_end, busy[b], peak[b],
-            x_tensor, x_src, x_dst, x_start, x_end, x_task,
-        )
-        step[b] = ms
+    D = net.T.shape[1]
+    for c in prange(chunks):
+        w = make_work(n, net.tensor_op.shape[0], net.tensor_cons.shape[0], D)
+        for b in range(c * B // chunks, (c + 1) * B // chunks):
+            ms, _ = simulate_full(net, w, placements[b])
+            step[b] = ms
+            for d in range(D):
+                busy[b, d] = w.busy[d]
+                peak[b, d] = w.livepeak[d]
+            for op in range(n):
+                peak[b, placements[b, op]] += params[op]
 
 
+@njit(cache=True, error_model="numpy")
+def run_incremental(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, check):
+    """Run on from the state in ``w`` (a fresh start or a restored checkpoint); see
+    :func:`_run`. Returns the matched checkpoint or -1."""
+    return _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, check, True)
+
+
+# ------------------------------------------------------------ checkpoints
+@njit(cache=True, inline="always")
+def _saved_tasks(ck, j):
+    """Offset in the task pool where checkpoint j's tasks go."""
+    return 0 if j == 0 else ck.i[j - 1, 6] + ck.i[j - 1, 7]
+
+
+@njit(cache=True)
+def save(ck, j, w, placement, now, epoch, clean, n_ev, n_x, makespan, wm, wo):
+    """Store the state at the top of the loop (every instant before ev_t[0] handled)
+    as checkpoint j; False (nothing stored) if its queued tasks do not fit the pool."""
+    D = w.live.shape[0]
+    off = _saved_tasks(ck, j)
+    n_tasks = 0
+    for d in range(D):
+        n_tasks += w.tq_size[d]
+    if off + n_tasks > ck.tq_k1.shape[0]:
+        return False
+    if j > 0:
+        for d in range(D):
+            ck.seg[j - 1, d] = w.seg[d]
+    for d in range(D):
+        w.seg[d] = 0
+    ck.f[j, 0] = w.ev_t[0]
+    ck.f[j, 1] = makespan
+    ck.f[j, 2] = now
+    ck.i[j, 0] = n_x
+    ck.i[j, 1] = n_ev
+    ck.i[j, 2] = epoch
+    ck.i[j, 3] = clean
+    ck.i[j, 4] = wm
+    ck.i[j, 5] = wo
+    ck.i[j, 6] = off
+    ck.i[j, 7] = n_tasks
+    for d in range(D):
+        ck.busy[j, d] = w.busy[d]
+        ck.live[j, d] = w.live[d]
+        ck.livepeak[j, d] = w.livepeak[d]
+        ck.running[j, d] = w.running[d]
+        ck.rqsize[j, d] = w.rq_size[d]
+        ck.tqsize[j, d] = w.tq_size[d]
+    for l in range(D * D):
+        ck.link[j, 0, l] = w.link_head[l]
+        ck.link[j, 1, l] = w.link_tail[l]
+        ck.link[j, 2, l] = 1 if w.link_busy[l] else 0
+    for e in range(n_ev):
+        ck.ev_t[j, e] = w.ev_t[e]
+        ck.ev_k[j, e] = w.ev_k[e]
+        ck.ev_id[j, e] = w.ev_id[e]
+    n = placement.shape[0]
+    for op in range(n):
+        ck.op[j, 0, op] = w.missing[op]
+        ck.op[j, 1, op] = w.out_refs[op]
+    k = 0
+    for d in range(D):
+        for i in range(w.rq_size[d]):
+            key = w.rq[w.rq_base[d] + i]
+            ck.rq[j, k] = key
+            ck.rqready[j, k] = w.epoch_time[key >> 32]
+            k += 1
+    k = off
+    for d in range(D):
+        for i in range(w.tq_size[d]):
+            a = w.tq_base[d] + i
+            ck.tq_k1[k] = w.tq_k1[a]
+            ck.tq_k2[k] = w.tq_k2[a]
+            ck.tq_id[k] = w.tq_id[a]
+            ck.tq_ready[k] = w.epoch_time[w.tq_k1[a] >> 32]
+            k += 1
+    alive = 0
+    for x in range(n_x):
+        ck.x[j, 0, x] = w.x_refs[x]
+        ck.x[j, 1, x] = w.x_next[x]
+        if w.x_refs[x] > 0:
+            alive += 1
+    ck.alive[j] = alive
+    return True
+
+
+@njit(cache=True)
+def restore(net, w, ck, base, j, placement):
+    """Load checkpoint ``j`` under ``placement`` (the base run's transfers keep their ids).
+
+    Valid when no op whose device changed has been touched before the checkpoint: it
+    is in no ready heap, running, or an input's destination yet.
+    """
+    D = w.live.shape[0]
+    set_bases(net, w, placement)
+    n_x = ck.i[j, 0]
+    n_ev = ck.i[j, 1]
+    for d in range(D):
+        w.busy[d] = ck.busy[j, d]
+        w.live[d] = ck.live[j, d]
+        w.livepeak[d] = ck.livepeak[j, d]
+        w.seg[d] = 0
+        w.running[d] = ck.running[j, d]
+        w.rq_size[d] = ck.rqsize[j, d]
+        w.tq_size[d] = ck.tqsize[j, d]
+    for l in range(D * D):
+        w.link_head[l] = ck.link[j, 0, l]
+        w.link_tail[l] = ck.link[j, 1, l]
+        w.link_busy[l] = ck.link[j, 2, l] != 0
+    for e in range(n_ev):
+        w.ev_t[e] = ck.ev_t[j, e]
+        w.ev_k[e] = ck.ev_k[j, e]
+        w.ev_id[e] = ck.ev_id[j, e]
+    n = placement.shape[0]
+    for op in range(n):
+        w.missing[op] = ck.op[j, 0, op]
+        w.out_refs[op] = ck.op[j, 1, op]
+    # heaps: the stored slices, re-based for this placement (pop order depends only on keys)
+    k = 0
+    for d in range(D):
+        for i in range(w.rq_size[d]):
+            key = ck.rq[j, k]
+            w.rq[w.rq_base[d] + i] = key
+            w.epoch_time[key >> 32] = ck.rqready[j, k]
+            k += 1
+    k = ck.i[j, 6]
+    for d in range(D):
+        for i in range(w.tq_size[d]):
+            a = w.tq_base[d] + i
+            w.tq_k1[a] = ck.tq_k1[k]
+            w.tq_k2[a] = ck.tq_k2[k]
+            w.tq_id[a] = ck.tq_id[k]
+            w.epoch_time[ck.tq_k1[k] >> 32] = ck.tq_ready[k]
+            k += 1
+    w.epoch_time[ck.i[j, 2]] = ck.f[j, 2]
+    for x in range(n_x):
+        t = base.x_tensor[x]
+        w.x_tensor[x] = t
+        w.x_src[x] = base.x_src[x]
+        w.x_dst[x] = base.x_dst[x]
+        w.x_refs[x] = ck.x[j, 0, x]
+        w.x_next[x] = ck.x[j, 1, x]
+        w.copy_of[t * D + base.x_dst[x]] = x
+    w.sc[0] = n_ev
+    w.sc[1] = n_x
+    w.sc[3] = ck.i[j, 2]
+    w.sf[0] = ck.f[j, 1]
+    w.sf[1] = ck.f[j, 2]
+
+
+@njit(cache=True)
+def _same_transfer(w, base, x, y):
+    return base.x_tensor[y] == w.x_tensor[x] and base.x_src[y] == w.x_src[x] and base.x_dst[y] == w.x_dst[x]
+
+
+@njit(cache=True)
+def converged(net, ck, base, j, w, placement, moved_ops, n_ev, n_x, key_span, wm, wo):
+    """Whether the running state equals base checkpoint ``j`` in everything that shapes
+    the future (transfer ids aside, which only name things). Cheap tests first."""
+    if n_ev != ck.i[j, 1] or wm != ck.i[j, 4] or wo != ck.i[j, 5]:
+        return False
+    for i in range(moved_ops.shape[0]):
+        if w.out_refs[moved_ops[i]] != 0:
+            return False
+    D = w.live.shape[0]
+    for d in range(D):
+        if (w.live[d] != ck.live[j, d] or w.running[d] != ck.running[j, d] or w.rq_size[d] != ck.rqsize[j, d]
+                or w.tq_size[d] != ck.tqsize[j, d]):
+            return False
+    L = D * D
+    for l in range(L):
+        if w.link_busy[l] != (ck.link[j, 2, l] != 0):
+            return False
+    # pending events, as a multiset: ops by (time, op), transfer stages by (time, kind,
+    # tensor, src, dst)
+    for e in range(n_ev):
+        found = False
+        for f in range(n_ev):
+            if ck.ev_t[j, f] != w.ev_t[e]:
+                continue
+            if w.ev_k[e] < key_span:
+                if ck.ev_k[j, f] < key_span and ck.ev_id[j, f] == w.ev_id[e]:
+                    found = True
+                    break
+            elif ck.ev_k[j, f] // key_span == w.ev_k[e] // key_span and _same_transfer(w, base, w.ev_id[e],
+                                                                                         ck.ev_id[j, f]):
+                found = True
+                break
+        if not found:
+            return False
+    # ready heaps: same ops (by rank) with the same ready times on each device
+    k = 0
+    for d in range(D):
+        for i in range(w.rq_size[d]):
+            w.mark[ck.rq[j, k] & LOW] = k + 1
+            k += 1
+        ok = True
+        for i in range(w.rq_size[d]):
+            key = w.rq[w.rq_base[d] + i]
+            m = w.mark[key & LOW]
+            if m == 0 or w.epoch_time[key >> 32] != ck.rqready[j, m - 1]:
+                ok = False
+        k -= w.rq_size[d]
+        for i in range(w.rq_size[d]):
+            w.mark[ck.rq[j, k] & LOW] = 0
+            k += 1
+        if not ok:
+            return False
+    # task heaps: same tasks (by tensor, destination, kind) with the same ready times
+    k = ck.i[j, 6]
+    for d in range(D):
+        for i in range(w.tq_size[d]):
+            a = w.tq_base[d] + i
+            found = False
+            for f in range(k, k + w.tq_size[d]):
+                if ck.tq_k2[f] == w.tq_k2[a]:
+                    found = ck.tq_ready[f] == w.epoch_time[w.tq_k1[a] >> 32]
+                    break
+            if not found:
+                return False
+        k += w.tq_size[d]
+    # link queues, in order
+    for l in range(L):
+        x = w.link_head[l]
+        y = ck.link[j, 0, l]
+        while x >= 0 and y >= 0:
+            if w.x_tensor[x] != base.x_tensor[y]:
+                return False
+            x = w.x_next[x]
+            y = ck.x[j, 1, y]
+        if x >= 0 or y >= 0:
+            return False
+    n = placement.shape[0]
+    for op in range(n):
+        if w.missing[op] != ck.op[j, 0, op] or w.out_refs[op] != ck.op[j, 1, op]:
+            return False
+    # copies still held (refs > 0) on both sides: same tensor, route and refs
+    alive = 0
+    for x in range(n_x):
+        if w.x_refs[x] > 0:
+            alive += 1
+            y = base.copy_of[w.x_tensor[x] * D + w.x_dst[x]]
+            if y < 0 or y >= ck.i[j, 0] or base.x_src[y] != w.x_src[x] or ck.x[j, 0, y] != w.x_refs[x]:
+                return False
+    return alive == ck.alive[j]
+
+
+# ------------------------------------------------------------------ bounds
 @njit(cache=True)
 def critical_path(topo_order, w, succ_ptr, succ):
     """Longest path through the DAG with node weights ``w`` (edges cost nothing)."""

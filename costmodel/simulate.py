@@ -1,6 +1,6 @@
 """CostModel: the Python face of the compiled simulator.
 
->>> from costmodel import CostModel, synthetic, presets
+>>> from placetool.costmodel import CostModel, synthetic, presets
 >>> cm = CostModel(synthetic.layered(200, seed=0), presets.load_cluster("k80x2"))
 >>> r = cm.simulate(cm.single_device(1))
 >>> r.feasible and r.step_time_us > 0
@@ -9,9 +9,11 @@ True
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numba
 import numpy as np
 
 from . import kernels
@@ -186,15 +188,9 @@ class CostModel:
             T = op_time_matrix(graph, cluster, profile)
         self.T = np.ascontiguousarray(T)
         self.capacity = cluster.memory_bytes
-        c = graph.csr
-        self._args = (
-            np.ascontiguousarray(graph.topo_rank, np.int32),
-            np.ascontiguousarray(graph.topo_order, np.int32),
-            graph.out_bytes, graph.param_bytes, graph.tensor_op, graph.tensor_bytes,
-            c.op_tensor_ptr, c.tensor_ptr, c.tensor_cons, c.ctrl_ptr, c.ctrl_dst,
-            c.in_ptr, c.in_tensor, c.n_inputs,
-            cluster.latency_us, cluster.bandwidth_bytes_per_us, cluster.transfer_costs(),
-        )
+        self.net = kernels.make_net(graph, cluster, self.T)
+        self._param_bytes = np.ascontiguousarray(graph.param_bytes, np.int64)
+        self._local = threading.local()  # one engine workspace per thread
         # group -> device-kind mask, and which devices each group may use
         self.group_device_ok = (graph.group_allowed[:, None] & cluster.kind_mask[None, :]) != 0
         self._group_first = np.array([ops[0] for ops in graph.group_ops], np.int64)
@@ -202,6 +198,13 @@ class CostModel:
     @property
     def n_devices(self) -> int:
         return self.cluster.n_devices
+
+    def work(self) -> kernels.Work:
+        """This thread's engine workspace (allocated on first use, then reused)."""
+        w = getattr(self._local, "work", None)
+        if w is None:
+            w = self._local.work = kernels.work_for(self.net)
+        return w
 
     # ----------------------------------------------------------- placements
     def placement_array(self, placement) -> np.ndarray:
@@ -267,20 +270,16 @@ class CostModel:
         reason = self.violation(p)
         if reason is not None:
             return SimResult(np.inf, False, reason, np.zeros(D), np.zeros(D, np.int64), names)
-        n_data = max(int((g.edge_tensor >= 0).sum()), 1)
-        op_start, op_end = np.zeros(g.n_ops), np.zeros(g.n_ops)
-        busy, peak = np.zeros(D), np.zeros(D, np.int64)
-        xt, xs, xd = (np.zeros(n_data, np.int64) for _ in range(3))
-        x0, x1 = np.zeros(n_data), np.zeros(n_data)
-        xtask = np.zeros((n_data, 4))
-        ms, nx = kernels.simulate_into(
-            p, self.T, *self._args, op_start, op_end, busy, peak, xt, xs, xd, x0, x1, xtask
-        )
+        w = self.work()
+        ms, nx = kernels.simulate_full(self.net, w, p)
+        busy = w.busy.copy()
+        peak = kernels.device_peak(w.livepeak, p, self._param_bytes)
         reason = self._memory_reason(peak)
         tr = None
         if trace:
-            tr = Trace(p, op_start, op_end, xt[:nx].copy(), xs[:nx].copy(), xd[:nx].copy(),
-                       x0[:nx].copy(), x1[:nx].copy(), xtask[:nx].copy())
+            tr = Trace(p, w.op_start[: g.n_ops].copy(), w.op_end[: g.n_ops].copy(), w.x_tensor[:nx].astype(np.int64),
+                       w.x_src[:nx].astype(np.int64), w.x_dst[:nx].astype(np.int64), w.x_start[:nx].copy(),
+                       w.x_end[:nx].copy(), w.x_task[:nx].copy())
         return SimResult(float(ms), reason is None, reason, busy, peak, names, tr)
 
     def simulate_batch(self, placements) -> BatchResult:
@@ -306,7 +305,8 @@ class CostModel:
         busy = np.zeros((B, D))
         peak = np.zeros((B, D), np.int64)
         if B:
-            kernels.simulate_batch(P, self.T, *self._args, step, busy, peak)
+            chunks = min(B, 4 * numba.get_num_threads())  # a few per thread: rows differ in cost
+            kernels.simulate_batch(self.net, P, self._param_bytes, step, busy, peak, chunks)
         split = np.any(P != P[:, self._group_first[g.group]], axis=1)
         step[split] = np.inf
         feasible = np.isfinite(step) & np.all(peak <= self.capacity[None, :], axis=1)

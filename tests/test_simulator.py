@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from placetool.costmodel import Cluster, CostModel, OpGraph, presets, reference
+from placetool.costmodel.incremental import IncrementalSimulator
 from tests.helpers import assignments, cluster, cost_models, nxgraph
 
 
@@ -16,11 +17,25 @@ def model(nodes, edges, times, **cl):
 
 
 def run(cm, placement, trace=True):
-    """The compiled simulation of ``placement``, checked against the reference."""
+    """The compiled simulation of ``placement``, checked against the reference and the
+    incremental simulator (as a base run and as a move from another base)."""
     r = cm.simulate(np.asarray(placement), trace=trace)
     if r.reason is None or "memory" in r.reason:
-        same_as_reference(cm, np.asarray(placement, np.int32), r)
+        p = np.asarray(placement, np.int32)
+        same_as_reference(cm, p, r)
+        same_incrementally(cm, p, r)
     return r
+
+
+def same_incrementally(cm, p, r):
+    g = cm.graph
+    a = p[[ops[0] for ops in g.group_ops]].astype(np.int32)
+    other = np.argmax(cm.group_device_ok, axis=1).astype(np.int32)  # every group on its first allowed device
+    for base, checkpoints in ((a, 64), (other, 1), (other, 64)):
+        inc = IncrementalSimulator(cm, base, checkpoints=checkpoints)
+        m = inc.evaluate(a)
+        assert m.step_time_us == r.step_time_us
+        assert np.array_equal(m.peak_memory_bytes, r.peak_memory_bytes) and m.feasible == r.feasible
 
 
 def same_as_reference(cm, p, r):
@@ -244,12 +259,13 @@ def problems(draw):
     return cm, cm.graph.to_placement(np.array(draw(assignments(cm)), np.int32))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_compiled_equals_reference(args):
     cm, p = args
     r = cm.simulate(p, trace=True)
     same_as_reference(cm, p, r)
+    same_incrementally(cm, p, r)
     # the batch kernel gives the same numbers
     b = cm.simulate_batch(np.stack([p, p]))
     assert list(b.step_time_us) == [r.step_time_us] * 2
