@@ -279,6 +279,13 @@ def test_saved_model_infer(models_dir, tmp_path, monkeypatch, tf):
     assert sorted(conv) == sorted([2 * 4 * 8 * 8 * 4 * 27, 2 * 4 * 6 * 6 * 6 * 36])
     assert g.param_bytes.sum() == 4 * (27 * 4 + 4 + 36 * 6 + 6 + 9 * 6 + 6 + 216 * 5 + 5)
     assert g.meta["unknown_shapes"] == 0 and g.names == [n.name for n in tr.graph_def.node]
+    # recorded so it can be traced again, from anywhere
+    from placetool.costmodel.tf.importer import retrace
+
+    assert g.meta["trace"] == {"kind": "saved_model", "source": str((tmp_path / "sm").resolve()), "mode": "infer",
+                               "batch": 4, "optimizer": None}
+    monkeypatch.chdir(tmp_path)
+    assert retrace(g).graph.names == g.names
     with pytest.raises(Exception, match="use --mode infer"):
         trace(str(tmp_path / "sm"), mode="train", batch=4)
 

@@ -2,12 +2,10 @@
 beside the single-device placement and the best one-shot baseline; the measured best wins."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 
 from placetool.costmodel.tf.runner import judge
@@ -37,9 +35,6 @@ MODEL = textwrap.dedent('''
         h = keras.layers.Concatenate(name="join")([a, b])
         return keras.Model(x, keras.layers.Dense(4, name="logits")(h))
 ''')
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def placetool(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "placetool.cli.main", *args], capture_output=True, text=True,

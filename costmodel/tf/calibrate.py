@@ -241,7 +241,8 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
 
     cluster = _cluster(name, names, spec, profile, lat, bw, memory_bytes or {})
     if split_steps > 0 and D > 1:
-        kinds = tuple(sorted(set(spec.kinds)))
+        # the designs split work between two devices: their kinds' costs are what they measure
+        kinds = tuple(sorted({spec.kinds[d] for d in split_pair(spec)}))
         samples = []
         for t in traced_list:
             designs = designed_splits(t.graph, spec)
@@ -284,6 +285,14 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{x:.1f}%"
 
 
+def split_pair(spec: ClusterSpec) -> list[int]:
+    """The two devices the designed splits use: the first two of the first device's kind
+    (else the first two devices)."""
+    D = len(spec.kinds)
+    pair = [d for d in range(D) if spec.kinds[d] == spec.kinds[0]][:2]
+    return pair if len(pair) == 2 else [0, 1 % D]
+
+
 def designed_splits(graph, spec: ClusterSpec, seed: int = 12345) -> list[tuple[str, np.ndarray, bool]]:
     """Split placements that tell the transfer costs apart: [(label, per-op placement, held out)].
 
@@ -294,10 +303,7 @@ def designed_splits(graph, spec: ClusterSpec, seed: int = 12345) -> list[tuple[s
     splits of 10% and 35% of the groups. Every third design is held out of the fit.
     """
     bits = np.array([KIND_BITS[k] for k in spec.kinds], np.uint8)
-    D = len(bits)
-    pair = [d for d in range(D) if spec.kinds[d] == spec.kinds[0]][:2]
-    if len(pair) < 2:
-        pair = [0, 1 % D]
+    pair = split_pair(spec)
     G = graph.n_groups
     first = np.array([int(np.min(graph.topo_rank[ops])) for ops in graph.group_ops])
     pos = np.empty(G, np.int64)
