@@ -1,20 +1,26 @@
-"""Cost-model accuracy on real devices: predicted vs measured step times.
+"""Cost-model accuracy on real devices: predicted vs measured step times, beside the noise floor.
 
-For each graph: trace it once, calibrate just before measuring it (per-op profile on
-one worker, transfer, dispatch and step-overhead fits, latency fit to 3 split steps of
-another seed), then measure >= N placements — every single
-device, the partitioner / list-scheduler / expert outputs that exist in ``search``, and
-random group assignments — and compare with the calibrated simulator's prediction
-(simulated makespan + the measured fixed per-step overhead). Per graph it prints the
-median and max absolute error %, Kendall's tau between predicted and measured, and
-whether the predicted best is the measured best.
+For each graph (default: three with real parallelism: the held-out ``towers`` and a small
+Inception-style network from ``benchmarks/models.py``, imported as a user's module, and a
+2-layer LSTM NMT from the zoo): trace it, calibrate just before measuring it (per-op
+profile, lone transfers, designed split placements fitted for the device-side transfer
+costs; ``placetool calibrate``), then build >= ``--placements`` placements: every single
+device, every search method's output on the calibrated cluster (the one-shot methods, and
+``sa`` and ``tpe`` with short budgets, since those are what ``search`` recommends), then
+random group assignments up to the count. All of them are measured in one run,
+``--rounds`` interleaved rounds of ``--steps`` steps, and compared with the calibrated
+prediction (simulated makespan + the measured fixed per-step overhead).
 
-    .venv/bin/python benchmarks/accuracy.py                      # 2-worker CPU testbed
-    .venv/bin/python benchmarks/accuracy.py --json
-    .venv/bin/python benchmarks/accuracy.py --workers 4 --device gpu --graph inception_v3@32
-                                         # a 4-GPU machine: one worker per GPU
+Per graph: median and max |error| %, Kendall's tau, whether the predicted best is the
+measured best, the calibration's fit and held-out errors, and the noise floor (median over
+placements of half the range of their round medians, in %).
 
-A graph is ``NAME[:key=value,...][@BATCH]`` (zoo name, builder options, batch).
+    .venv/bin/python benchmarks/accuracy.py                  # 2-worker CPU testbed, 3 graphs
+    .venv/bin/python benchmarks/accuracy.py --json --rows-out rows.json
+    .venv/bin/python benchmarks/accuracy.py --graph models:towers@256 --placements 40
+
+A graph is ``SOURCE[@BATCH]``: a zoo name with builder options (``nmt:hidden=256,vocab=2000@32``)
+or ``module:function`` importable from ``benchmarks/`` (``models:towers@256``).
 """
 
 from __future__ import annotations
@@ -25,173 +31,186 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-# Small versions of zoo models: a step takes tens of ms on one contended core.
+HERE = os.path.dirname(os.path.abspath(__file__))
+# small enough that a step takes tens of ms on one quiet core
 DEFAULT_GRAPHS = [
-    "mlp:hidden=1024,depth=4,features=1024@256",
-    "rnnlm:layers=2,hidden=256,vocab=4000,seq_len=6@32",
-    "transformer:layers=1,d_model=128,heads=4,d_ff=512,vocab=2000,seq_len=16@16",
+    "models:towers@256",
+    "models:inception_block@8",
+    "nmt:hidden=256,vocab=2000,src_len=8,tgt_len=8@32",
 ]
-METHODS = ["expert", "metis", "heft", "m-etf", "m-topo", "critical-path"]
+ONE_SHOT = ["single", "round-robin", "expert", "metis", "mincut", "heft", "critical-path", "m-topo", "m-etf", "m-sct"]
+ITERATIVE = {"sa": 8.0, "tpe": 8.0}  # method: seconds
 
 
 def parse_graph(s: str):
-    name, _, batch = s.partition("@")
-    name, _, opts = name.partition(":")
+    """(source, builder options, batch) of ``SOURCE[@BATCH]``."""
+    from placetool.costmodel.tf.zoo import ZOO
+
+    src, _, batch = s.partition("@")
+    name, sep, opts = src.partition(":")
     kw = {}
-    for it in filter(None, opts.split(",")):
-        k, _, v = it.partition("=")
-        try:
-            kw[k] = int(v)
-        except ValueError:
-            try:
-                kw[k] = float(v)
-            except ValueError:
-                kw[k] = v
-    return name, kw, (int(batch) if batch else None)
+    if sep and name in ZOO:
+        for it in filter(None, opts.split(",")):
+            k, _, v = it.partition("=")
+            for conv in (int, float, str):
+                try:
+                    kw[k] = conv(v)
+                    break
+                except ValueError:
+                    continue
+        src = name
+    return src, kw, (int(batch) if batch else None)
 
 
-def candidate_placements(cm, n_random: int, seed: int, log):
-    """[(label, per-op placement)]: single devices, search methods, random assignments."""
+def trace_graph(s: str, log):
+    from placetool.costmodel.tf.importer import trace
+
+    src, kw, batch = parse_graph(s)
+    t0 = time.perf_counter()
+    t = trace(src, batch=batch, cwd=HERE, name=s, **kw)
+    log(f"traced {s}: {t.graph.n_ops} ops, {t.graph.n_groups} groups ({time.perf_counter() - t0:.1f} s)")
+    return t
+
+
+def devices(a, log):
+    """(spec, testbed or None) from --cluster-spec / --local / --workers."""
+    from placetool.costmodel.tf.testbed import ClusterSpec, Testbed
+
+    if a.cluster_spec:
+        return ClusterSpec.load(a.cluster_spec), None
+    if a.local:
+        from placetool.costmodel.tf.runner import local_spec
+
+        return local_spec(), None
+    tb = Testbed.start(a.workers, device=a.device, timeout_s=180)
+    log(f"testbed: {a.workers} {a.device} workers")
+    return tb.spec, tb
+
+
+def calibrate_for(t, spec, a, log):
+    from placetool.costmodel.tf.calibrate import DEFAULT_SIZES, calibrate
+
+    sizes = [x for x in DEFAULT_SIZES if x <= a.max_transfer]
+    return calibrate([t], spec, sizes=sizes, trace_steps=a.trace_steps, reps=a.reps, log=log,
+                     split_steps=a.steps, rounds=a.rounds)
+
+
+def candidate_placements(cm, n_total: int, seed: int, log, seconds=ITERATIVE):
+    """[(label, per-op placement)]: single devices, every search method, random splits."""
     from placetool.search import Budget, Problem, run
 
     g, cl = cm.graph, cm.cluster
-    out, seen = [], set()
+    out, seen = [], {}
 
     def add(label, p):
         p = np.ascontiguousarray(p, np.int32)
-        key = p.tobytes()
-        if key not in seen and cm.violation(p) is None:
-            seen.add(key)
+        k = p.tobytes()
+        if k in seen:  # a method that returns another's placement: one row, both names
+            i = seen[k]
+            out[i] = (f"{out[i][0]}={label}", out[i][1])
+        elif cm.violation(p) is None:
+            seen[k] = len(out)
             out.append((label, p))
 
     for d in range(cl.n_devices):
         add(f"single:{cl.names[d]}", cm.single_device(d))
     prob = Problem(cm)
-    for m in METHODS:
+    for m in ONE_SHOT + list(seconds):
+        budget = Budget(seconds=seconds[m]) if m in seconds else Budget(evals=200, seconds=20)
         try:
-            r = run(m, prob, Budget(evals=200, seconds=20), seed=seed)
-            add(m, r.placement)
-        except Exception as e:  # a method that is missing or fails is skipped, and said so
-            log(f"  (method {m} skipped: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
+            add(m, run(m, prob, budget, seed=seed).placement)
+        except Exception as e:  # noqa: BLE001 - a method that does not apply (expert without tags) is said so
+            log(f"  (method {m} skipped: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''})")
     rng = np.random.default_rng(seed)
     tries = 0
-    while len(out) < n_random + cl.n_devices and tries < 50 * n_random:
+    while len(out) < n_total and tries < 100 * n_total:
         tries += 1
-        k = len(out)
-        # vary how much is split: from "mostly one device" to uniform
-        frac = rng.uniform(0.02, 0.5)
+        frac = rng.uniform(0.02, 0.5)  # from "mostly one device" to uniform
         a = np.where(rng.random(g.n_groups) < frac, rng.integers(0, cl.n_devices, g.n_groups),
                      rng.integers(0, cl.n_devices))
         a = np.where(prob.allowed[np.arange(g.n_groups), a], a, np.argmax(prob.allowed, axis=1))
-        add(f"random:{k}", g.to_placement(a))
+        add(f"random:{len(out)}", g.to_placement(a))
     return out
+
+
+def score(pred, meas) -> dict:
+    from scipy.stats import kendalltau
+
+    pred, meas = np.asarray(pred), np.asarray(meas)
+    err = (pred - meas) / meas * 100
+    return {"median_abs_error_pct": float(np.median(np.abs(err))), "max_abs_error_pct": float(np.max(np.abs(err))),
+            "kendall_tau": float(kendalltau(pred, meas).statistic),
+            "best_agrees": bool(int(np.argmin(pred)) == int(np.argmin(meas))),
+            "measured_best_us": float(meas.min()),
+            "measured_of_predicted_best_us": float(meas[int(np.argmin(pred))])}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--graph", action="append", help="NAME[:k=v,...][@BATCH]; repeatable (default: 3 small zoo models)")
-    ap.add_argument("--placements", type=int, default=30, help="random placements per graph (on top of singles/methods)")
+    ap.add_argument("--graph", action="append", help="SOURCE[@BATCH]; repeatable (default: 3 graphs with parallelism)")
+    ap.add_argument("--placements", type=int, default=30, help="placements per graph, at least")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    ap.add_argument("--cluster-spec", default=None, help="use a running TF cluster instead of a local testbed")
-    ap.add_argument("--local", action="store_true", help="this process's CPU + GPUs (in-process) instead of workers")
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--trace-steps", type=int, default=5)
+    ap.add_argument("--cluster-spec", default=None, help="a running TF cluster instead of a local testbed")
+    ap.add_argument("--local", action="store_true", help="this process's CPU + GPUs (in-process)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (their spread is the noise floor)")
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per placement per round")
+    ap.add_argument("--trace-steps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help="calibration: repeats per lone transfer size")
+    ap.add_argument("--max-transfer", type=int, default=4 * 2 ** 20, help="calibration: largest lone transfer, bytes")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--calibrate-once", action="store_true",
-                    help="one calibration for all graphs up front (default: one per graph, just before it)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--rows-out", default=None, help="also write every (graph, placement) row as JSON here")
     a = ap.parse_args(argv)
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if a.json else (lambda m: print(m, flush=True))
 
-    import keras
-    from scipy.stats import kendalltau
-
     from placetool.costmodel import CostModel
-    from placetool.costmodel.tf.calibrate import calibrate
-    from placetool.costmodel.tf.importer import trace
-    from placetool.costmodel.tf.runner import measure
-    from placetool.costmodel.tf.testbed import ClusterSpec, Testbed
+    from placetool.costmodel.tf.runner import measure_interleaved
 
     graphs = a.graph or DEFAULT_GRAPHS
-    traced = []
-    for s in graphs:
-        name, kw, batch = parse_graph(s)
-        keras.backend.clear_session()
-        t0 = time.perf_counter()
-        t = trace(name, batch=batch, **kw)
-        log(f"traced {s}: {t.graph.n_ops} ops, {t.graph.n_groups} groups ({time.perf_counter() - t0:.1f} s)")
-        traced.append((s, t))
-
     rows, detail = [], []
     t_start = time.perf_counter()
-    tb = None
+    spec, tb = devices(a, log)
     try:
-        if a.cluster_spec:
-            spec = ClusterSpec.load(a.cluster_spec)
-        elif a.local:
-            from placetool.costmodel.tf.runner import local_spec
-
-            spec = local_spec()
-        else:
-            tb = Testbed.start(a.workers, device=a.device, timeout_s=180)
-            spec = tb.spec
-        log(f"devices: {', '.join(spec.tf_devices)}")
-        profiles = []
-        for s, t in traced:
-            if a.calibrate_once:
-                if not profiles:
-                    profiles.append(calibrate([t for _, t in traced], spec, trace_steps=a.trace_steps, log=log))
-                profile, cl = profiles[0]
-            else:
-                # calibrate right before measuring: on a shared machine the load drifts
-                # over minutes, and a profile taken long before is a profile of another load
-                profile, cl = calibrate([t], spec, trace_steps=a.trace_steps, log=log)
-                profiles.append((profile, cl))
-            g = t.graph
-            cm = CostModel(g, cl, profile=profile)
+        for s in graphs:
+            t = trace_graph(s, log)
+            # calibrate right before measuring: on a shared machine the load drifts over
+            # minutes, and a profile taken long before is a profile of another load
+            profile, cl = calibrate_for(t, spec, a, log)
+            cm = CostModel(t.graph, cl, profile=profile)
             cands = candidate_placements(cm, a.placements, a.seed, log)
-            log(f"{s}: measuring {len(cands)} placements ...")
+            log(f"{s}: measuring {len(cands)} placements, {a.rounds} interleaved rounds of {a.steps} steps ...")
+            reps = measure_interleaved(t, [p for _, p in cands], spec, rounds=a.rounds, steps=a.steps, warmup=2)
             pred, meas = [], []
-            for label, p in cands:
+            for (label, p), m in zip(cands, reps):
                 sim = cm.simulate(p).step_time_us
                 pr = sim + profile.step_overhead(len(np.unique(p)))
-                m = measure(t, p, spec, warmup=a.warmup, steps=a.steps)
                 pred.append(pr)
                 meas.append(m.step_us)
                 detail.append({"graph": s, "placement": label, "devices_used": int(len(np.unique(p))),
                                "predicted_us": pr, "simulated_us": sim, "measured_us": m.step_us,
+                               "spread_pct": m.spread_pct, "round_us": m.round_us,
                                "error_pct": 100 * (pr - m.step_us) / m.step_us})
-                log(f"  {label:<16} predicted {pr / 1e3:9.2f} ms  measured {m.step_us / 1e3:9.2f} ms  "
-                    f"error {detail[-1]['error_pct']:+7.1f}%")
-            pred, meas = np.array(pred), np.array(meas)
-            err = np.abs(pred - meas) / meas * 100
-            tau = float(kendalltau(pred, meas).statistic)
-            rows.append({
-                "graph": s, "ops": g.n_ops, "placements": len(cands),
-                "median_abs_error_pct": float(np.median(err)), "max_abs_error_pct": float(np.max(err)),
-                "kendall_tau": tau,
-                "best_agrees": bool(int(np.argmin(pred)) == int(np.argmin(meas))),
-                "measured_best_us": float(meas.min()),
-                "measured_of_predicted_best_us": float(meas[int(np.argmin(pred))]),
-            })
+                log(f"  {label:<16} predicted {pr / 1e3:9.2f} ms  measured {m.step_us / 1e3:9.2f} ms "
+                    f"±{m.spread_pct:4.1f}%  error {detail[-1]['error_pct']:+7.1f}%")
+            fit = profile.meta.get("transfer_fit", {})
+            rows.append({"graph": s, "ops": t.graph.n_ops, "placements": len(cands), **score(pred, meas),
+                         "noise_floor_pct": float(np.median([m.spread_pct for m in reps])),
+                         "calibration_fit_median_abs_error_pct": fit.get("fit", {}).get("median_abs_error_pct"),
+                         "calibration_held_out_median_abs_error_pct":
+                             fit.get("held_out", {}).get("median_abs_error_pct"),
+                         "transfer_params": fit.get("params"),
+                         "calibration_noise_floor_pct": fit.get("noise_floor_pct")})
     finally:
         if tb is not None:
             tb.stop()
     secs = time.perf_counter() - t_start
     out = {"rows": rows, "devices": spec.tf_devices, "seconds": secs,
-           "calibrations": [{"links": [{k: l[k] for k in ("src", "dst", "latency_us", "bandwidth_bytes_per_us")}
-                                       for l in p.links],
-                             "step_overhead_us": p.step_overhead_us, "dispatch_us": p.dispatch_us}
-                            for p, _ in profiles]}
+           "settings": {"rounds": a.rounds, "steps": a.steps, "placements": a.placements, "seed": a.seed}}
     if a.rows_out:
         with open(a.rows_out, "w") as f:
             json.dump({"summary": out, "placements": detail}, f, indent=1)
@@ -199,10 +218,14 @@ def main(argv=None) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print()
-    print(f"{'graph':<58} {'ops':>5} {'pl':>4} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} {'best':>5}")
+    print(f"{'graph':<50} {'ops':>5} {'pl':>4} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} {'best':>5} "
+          f"{'noise±%':>8} {'fit%':>6} {'held%':>6}")
     for r in rows:
-        print(f"{r['graph']:<58} {r['ops']:>5} {r['placements']:>4} {r['median_abs_error_pct']:>9.1f} "
-              f"{r['max_abs_error_pct']:>9.1f} {r['kendall_tau']:>6.2f} {('yes' if r['best_agrees'] else 'no'):>5}")
+        f = r["calibration_fit_median_abs_error_pct"]
+        h = r["calibration_held_out_median_abs_error_pct"]
+        print(f"{r['graph']:<50} {r['ops']:>5} {r['placements']:>4} {r['median_abs_error_pct']:>9.1f} "
+              f"{r['max_abs_error_pct']:>9.1f} {r['kendall_tau']:>6.2f} {('yes' if r['best_agrees'] else 'no'):>5} "
+              f"{r['noise_floor_pct']:>8.1f} {f if f is None else round(f, 1):>6} {h if h is None else round(h, 1):>6}")
     print(f"({secs:.0f} s; devices: {len(spec.tf_devices)} x {spec.kinds[0]})")
     return 0
 

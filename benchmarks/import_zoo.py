@@ -25,9 +25,11 @@ sys.path.insert(0, str(ROOT))
 
 def bench_import(model: str, repeat: int) -> dict:
     t = time.perf_counter()
-    from placetool.costmodel.tf.importer import _tf, trace
+    from placetool.costmodel.tf.session import import_tf
 
-    _tf()
+    import_tf()
+    from placetool.costmodel.tf.importer import trace
+
     tf_import = time.perf_counter() - t
     runs = []
     for _ in range(repeat):

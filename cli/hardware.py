@@ -9,12 +9,14 @@ nothing (the testbed started by ``placetool testbed up``).
 from __future__ import annotations
 
 import contextlib
+import sys
 from pathlib import Path
 
 import click
 import numpy as np
 
 from placetool.costmodel.errors import UserError
+from placetool.costmodel.tf.session import require_tf
 
 from .common import check_writable, emit_json, fmt_us, json_option
 
@@ -126,6 +128,7 @@ def testbed():
 @json_option
 def testbed_up(workers, device, timeout_s, state, as_json):
     """Start the workers in the background and record them in the state file."""
+    require_tf()
     from placetool.costmodel.tf.testbed import Testbed, TestbedError, default_state_path
 
     path = Path(state or default_state_path())
@@ -212,13 +215,22 @@ def testbed_status(state, as_json):
 @click.option("--max-transfer", type=click.IntRange(min=4096), default=64 * 2 ** 20, show_default=True,
               help="Largest transfer timed, bytes (sizes go 1 KB, 4 KB, ... up to it).")
 @click.option("--split-steps", type=click.IntRange(min=0), default=3, show_default=True,
-              help="Random split placements measured per graph to fit the per-transfer latency (0: keep the timed one).")
+              help="Timed steps per round of each designed split placement, to which the transfer costs "
+                   "are fitted (0: no split placements; keep the lone-transfer link fit).")
+@click.option("--rounds", type=click.IntRange(min=2), default=3, show_default=True,
+              help="Interleaved rounds over the split placements (their spread is the noise floor).")
+@click.option("--max-noise", "max_noise", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Warn when repeated runs of one placement spread by more than this many %.")
+@click.option("--refuse-noisy", is_flag=True,
+              help="Write nothing and exit 1 when the noise floor exceeds --max-noise.")
 @click.option("--name", default="calibrated", show_default=True, help="Name of the calibrated cluster.")
 @click.option("--quiet", "-q", is_flag=True)
 @json_option
 def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, testbed_device, cluster_spec,
-              local, out, cluster_out, trace_steps, reps, max_transfer, split_steps, name, quiet, as_json):
+              local, out, cluster_out, trace_steps, reps, max_transfer, split_steps, rounds, max_noise,
+              refuse_noisy, name, quiet, as_json):
     """Measure op times and links on real devices; write a profile and a cluster file."""
+    require_tf()
     cluster_out = cluster_out or str(Path(out).with_suffix(".toml"))
     check_writable(out)
     check_writable(cluster_out)
@@ -235,7 +247,12 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
     sizes = [s for s in DEFAULT_SIZES if s <= max_transfer]
     with devices(testbed_n, testbed_device, cluster_spec, local, timeout_s, log) as spec:
         profile, cluster = run_calibration(traced, spec, sizes=sizes, trace_steps=trace_steps, reps=reps,
-                                           name=name, log=log, timeout_s=timeout_s, split_steps=split_steps)
+                                           name=name, log=log, timeout_s=timeout_s, split_steps=split_steps,
+                                           rounds=rounds, max_noise_pct=max_noise)
+    noisy = profile.meta.get("noisy")
+    if noisy and refuse_noisy:
+        click.echo(f"placetool: {noisy}; nothing written (--refuse-noisy)", err=True)
+        sys.exit(1)
     profile.save(out)
     cluster.save(cluster_out)
     summary = {
@@ -244,14 +261,33 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
         "graphs": profile.meta["graphs"],
         "links": [{k: l[k] for k in ("src", "dst", "latency_us", "bandwidth_bytes_per_us")} for l in profile.links],
         "fitted_op_types": {k: len(v) for k, v in profile.fits.items()},
+        "transfer_fit": profile.meta.get("transfer_fit"),
+        "noisy": noisy,
     }
     if as_json:
         emit_json(summary)
+        if noisy:
+            click.echo(f"WARNING: {noisy}", err=True)
         return
     click.echo(f"profile written to {out}; cluster written to {cluster_out}")
     for l in summary["links"]:
         click.echo(f"  link {l['src']} -> {l['dst']}: latency {l['latency_us']:,.1f} µs, "
                    f"bandwidth {l['bandwidth_bytes_per_us'] / 1e3:,.2f} GB/s")
+    tf_ = summary["transfer_fit"]
+    if tf_:
+        p = tf_["params"]
+        click.echo(f"  device time per transfer: send {p['send_us']:,.1f} µs + {p['send_us_per_byte'] * 1e6:,.1f} µs/MB, "
+                   f"receive {p['recv_us']:,.1f} µs + {p['recv_us_per_byte'] * 1e6:,.1f} µs/MB")
+        f, h = tf_["fit"], tf_["held_out"]
+        click.echo(f"  step error: fit median {_pct(f['median_abs_error_pct'])} (max {_pct(f['max_abs_error_pct'])}, "
+                   f"{f['n']} placements), held out median {_pct(h['median_abs_error_pct'])} "
+                   f"(max {_pct(h['max_abs_error_pct'])}, {h['n']}); noise floor ±{tf_['noise_floor_pct']:.1f}%")
+    if noisy and quiet:  # otherwise the log said so already
+        click.echo(f"WARNING: {noisy}", err=True)
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{x:.1f}%"
 
 
 # ------------------------------------------------------------------ verify
@@ -280,6 +316,7 @@ def predict(cm, profile, p) -> tuple[float, float]:
 def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster, testbed_n, timeout_s,
            testbed_device, cluster_spec, local, steps, warmup, as_json):
     """Run a placement for real and compare its measured step time with the prediction."""
+    require_tf()
     from placetool.costmodel import CostModel, presets
     from placetool.costmodel.calibration import load_profile
 

@@ -28,6 +28,9 @@ def import_cmd(source, out, mode, batch, optimizer, name, as_json):
     Keras model (importable from the current directory), a SavedModel directory, or a
     GraphDef file (.pb/.pbtxt).
     """
+    from placetool.costmodel.tf.session import require_tf
+
+    require_tf()
     check_writable(out)
     from placetool.costmodel.tf.importer import import_graph
 

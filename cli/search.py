@@ -146,7 +146,9 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     g, cl, cm = load_problem(graph, cluster, profile)
     problem = S.Problem(cm)  # SearchError when no placement can fit
     if verify_top:
-        _check_verify_options(g, cl, testbed_n, cluster_spec, local)  # before searching
+        from .verifytop import check_verify_options
+
+        check_verify_options(g, cl, testbed_n, cluster_spec, local)  # before searching
     with _Bar(budget, show_progress and not as_json) as bar:
         result = S.run(method, problem, budget, seed=seed, progress=bar, keep_top=verify_top or 0, **options)
 
@@ -181,11 +183,19 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     }
     if baselines:
         obj["baselines"] = baselines
+    best, best_us, extra = result.placement, result.step_time_us, {}
     if verify_top:
-        obj["verified"] = _verify(g, cl, cm, result, verify_top, testbed_n, cluster_spec, local, as_json)
+        from .verifytop import verify
+
+        obj["verified"], best, best_us = verify(g, cl, cm, profile, problem, result, verify_top, testbed_n,
+                                                cluster_spec, local, seed, as_json)
+        v = obj["verified"]["rows"][obj["verified"]["recommended"]]
+        # what hardware measured fastest is the answer, whatever the simulator preferred
+        extra = {"verified": {"label": v["label"], "measured_us": v["measured_us"],
+                              "confirmed": obj["verified"]["confirmed"]}}
     if out and result.feasible:
-        write_json(out, cm.placement_to_json(result.placement, result.step_time_us, extra={
-            "method": method, "seed": seed, "feasible": True, "lower_bound_us": lb}))
+        write_json(out, cm.placement_to_json(best, best_us, extra={
+            "method": method, "seed": seed, "feasible": True, "lower_bound_us": lb, **extra}))
         obj["out"] = out
 
     if as_json:
@@ -197,43 +207,6 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
             click.echo(f"placetool: the best placement found does not fit: {reason}"
                        + (f"; {out} not written" if out else ""), err=True)
         sys.exit(1)
-
-
-def _check_verify_options(g, cl, testbed_n, cluster_spec, local) -> None:
-    """Fail before the search if the hardware check cannot run."""
-    from placetool.costmodel.errors import UserError
-
-    from .hardware import check_cluster_matches, planned_spec
-
-    if not (testbed_n or cluster_spec or local):
-        raise UserError("--verify-top needs --testbed N, --cluster-spec FILE or --local")
-    if g.name not in _zoo_names():
-        raise UserError(f"--verify-top: graph {g.name!r} is not a zoo model placetool can trace and run")
-    check_cluster_matches(cl, planned_spec(testbed_n, "cpu", cluster_spec, local))
-
-
-def _zoo_names() -> list[str]:
-    from placetool.costmodel.tf import zoo
-
-    return list(zoo.ZOO)
-
-
-def _verify(g, cl, cm, result, k, testbed_n, cluster_spec, local, quiet) -> dict:
-    """Measure the k best placements seen; the measured best is the answer."""
-    from placetool.costmodel.tf.runner import verify_top
-
-    from .hardware import planned_spec
-
-    top = [t for t in result.top if t[1]][:k] or result.top[:k]
-    spec = None if testbed_n else planned_spec(None, "cpu", cluster_spec, local)
-    if not quiet:
-        click.echo(f"measuring the {len(top)} best placements on real devices ...", err=True)
-    trace_kw = {key: g.meta[key] for key in ("batch", "mode", "optimizer") if key in g.meta}
-    rows = verify_top(g.name, cl, [a for _, _, a in top], k=k, predicted=[st for st, _, _ in top],
-                      spec=spec, testbed=testbed_n or 0, graph=g, trace_kw=trace_kw)
-    return {"measured": [{key: r[key] for key in ("rank", "predicted_us", "measured_us", "error_pct")}
-                         for r in rows],
-            "best_measured_rank": rows[0]["rank"] if rows else None}
 
 
 def _print_human(g, cl, obj, baselines, out) -> None:
@@ -248,8 +221,9 @@ def _print_human(g, cl, obj, baselines, out) -> None:
         rel = f"{r['step_time_us'] / step:.2f}x ours" if step > 0 and np.isfinite(step) else ""
         feas = "" if r["feasible"] else " (does not fit)"
         click.echo(f"  {b:<10} {fmt_us(r['step_time_us']):>12}  {rel}{feas}")
-    for r in obj.get("verified", {}).get("measured", []):
-        click.echo(f"  measured #{r['rank'] + 1}: {fmt_us(r['measured_us'])} "
-                   f"(predicted {fmt_us(r['predicted_us'])}, error {r['error_pct']:+.1f}%)")
+    if "verified" in obj:
+        from .verifytop import print_verified
+
+        print_verified(obj["verified"])
     if obj["out"]:
         click.echo(f"placement written to {out}")

@@ -18,7 +18,7 @@ import pytest
 
 from placetool.costmodel import CostModel
 from placetool.costmodel.calibration import (OpFit, Profile, ProfileError, count_latency, fit_link,
-                                   fit_op_type, load_profile)
+                                             fit_op_type, load_profile)
 from placetool.costmodel.errors import UserError
 
 from .helpers import cluster as make_cluster
@@ -127,21 +127,103 @@ def test_profile_refit_and_bad_files(tmp_path):
         load_profile(tmp_path / "missing.json")
 
 
-def test_latency_fit_to_steps_recovers_the_true_latency():
-    from placetool.costmodel.tf.calibrate import fit_latency_to_steps
+def _towers(n_towers=3, depth=4):
+    """Input -> parallel chains -> join: the shape where transfer costs decide a split."""
+    from placetool.costmodel import OpGraph
 
-    g = _chain()
-    true = make_cluster(2, latency=120.0, bandwidth=50.0, kinds=["cpu", "cpu"])
-    prof = Profile(devices=[], step_overhead_us=[10.0, 30.0])
-    prof.add_op_medians("cpu", g, {"a": 10.0, "b": 1.0, "c": 30.0, "d": 2.0})
+    nodes = {"x": {"op_type": "Input", "out_bytes": 4000}, "join": {"op_type": "Concat", "out_bytes": 3000},
+             "out": {"op_type": "Dense", "out_bytes": 40}}
+    edges = [("join", "out")]
+    for t in range(n_towers):
+        prev = "x"
+        for k in range(depth):
+            v = f"t{t}_{k}"
+            nodes[v] = {"op_type": "Dense", "out_bytes": 1000 * (1 + (t + k) % 3)}
+            edges.append((prev, v))
+            prev = v
+        edges.append((prev, "join"))
+    return OpGraph.from_networkx(nxgraph(nodes, edges, name="towers"))
+
+
+TRUE = {"latency_us": 30.0, "send_us": 50.0, "send_us_per_byte": 0.01, "recv_us": 20.0, "recv_us_per_byte": 0.005}
+
+
+def _samples(g, base, prof):
+    from placetool.costmodel.calibration import StepSample, with_transfer_params
+    from placetool.costmodel.tf.calibrate import designed_splits
+    from placetool.costmodel.tf.testbed import ClusterSpec
+
+    true = with_transfer_params(base, TRUE)
     cm = CostModel(g, true, profile=prof)
-    samples = []
-    for p in ([0, 1, 0, 1], [0, 0, 1, 1], [1, 0, 0, 0]):
-        p = np.array(p, np.int32)
-        samples.append((g, p, cm.simulate(p).step_time_us + prof.step_overhead(2)))
-    guess = make_cluster(2, latency=1.0, bandwidth=50.0, kinds=["cpu", "cpu"])
-    L, err = fit_latency_to_steps(samples, guess, prof, grid=np.array([0.0, 60.0, 120.0, 240.0]))
-    assert L == 120.0 and err == pytest.approx(0.0, abs=1e-12)
+    designs = designed_splits(g, ClusterSpec.for_workers(["localhost:0"] * 2))
+    return [StepSample(g, p, cm.simulate(p).step_time_us + prof.step_overhead(len(np.unique(p))), 0.5, label, held)
+            for label, p, held in designs]
+
+
+def test_transfer_counts_and_device_costs_keep_a_lone_transfers_time():
+    from placetool.costmodel.calibration import count_transfers, with_transfer_params
+
+    g = _towers()
+    x, t00, t10 = g.index["x"], g.index["t0_0"], g.index["t1_0"]
+    p = np.zeros(g.n_ops, np.int32)
+    assert count_transfers(g, p) == 0
+    p[[t00, t10]] = 1  # x's one tensor goes to device 1 once, for both consumers
+    assert count_transfers(g, p) == 1 + 2  # and t0_1, t1_1 on device 0 need t0_0's and t1_0's outputs
+    p[x] = 1
+    assert count_transfers(g, p) == 1 + 2  # x now sends to the third tower on device 0 instead
+    base = make_cluster(2, latency=100.0, bandwidth=50.0, kinds=["cpu", "cpu"])
+    c = with_transfer_params(base, TRUE)
+    assert c.transfer_costs()[:, 0].tolist() == [50.0, 0.01, 20.0, 0.005]
+    assert c.latency_us[0, 1] == 30.0 and c.latency_us[0, 0] == 0.0
+    # per byte, a lone transfer costs what it did: 1/50 µs, now 0.01 sending + 0.005 on the link + 0.005 receiving
+    assert 1.0 / c.bandwidth_bytes_per_us[0, 1] == pytest.approx(0.02 - 0.015)
+    # a GPU keeps its zero device costs
+    mixed = with_transfer_params(make_cluster(2, kinds=["cpu", "gpu"]), TRUE)
+    assert mixed.transfer_costs()[:, 1].tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_designed_splits_cover_both_directions_few_and_many_transfers():
+    from placetool.costmodel.calibration import count_transfers
+    from placetool.costmodel.tf.calibrate import designed_splits
+    from placetool.costmodel.tf.testbed import ClusterSpec
+
+    g = _towers()
+    designs = designed_splits(g, ClusterSpec.for_workers(["localhost:0"] * 2))
+    labels = [label for label, _, _ in designs]
+    assert {"single:0", "single:1", "cut:0->1", "cut:1->0", "alternate:0->1", "alternate:1->0"} <= set(labels)
+    assert [held for _, _, held in designs] == [i % 3 == 2 for i in range(len(designs))]
+    n = {label: count_transfers(g, p) for label, p, _ in designs}
+    assert n["single:0"] == 0 and 0 < n["cut:0->1"] < n["alternate:0->1"]
+    for _, p, _ in designs:  # whole groups, valid placements
+        assert CostModel(g, make_cluster(2, kinds=["cpu", "cpu"])).violation(p) is None
+    assert len({p.tobytes() for _, p, _ in designs}) == len(designs)
+
+
+def test_transfer_fit_to_whole_steps_predicts_held_out_placements():
+    from placetool.costmodel.calibration import fit_transfer_costs
+
+    g = _towers()
+    prof = Profile(devices=[], step_overhead_us=[10.0, 30.0])
+    prof.add_op_medians("cpu", g, {n: 100.0 + 10 * (i % 4) for i, n in enumerate(g.names)})
+    base = make_cluster(2, latency=100.0, bandwidth=50.0, kinds=["cpu", "cpu"])  # the lone-transfer fit
+    samples = _samples(g, base, prof)
+    fit = fit_transfer_costs(samples, base, prof)
+    s = fit.summary()
+    assert s["fit"]["n"] + s["held_out"]["n"] == len(samples) and s["held_out"]["n"] >= 4
+    assert s["fit"]["median_abs_error_pct"] < 1.0 and s["held_out"]["median_abs_error_pct"] < 2.0
+    assert s["noise_floor_pct"] == 0.5
+    # the steps need the device-side costs: link time alone predicts them far worse
+    from placetool.costmodel.calibration import with_transfer_params
+
+    zero = with_transfer_params(base, {"latency_us": 100.0, "send_us": 0.0, "send_us_per_byte": 0.0,
+                                       "recv_us": 0.0, "recv_us_per_byte": 0.0})
+    cm0 = CostModel(g, zero, profile=prof)
+    err0 = [abs(cm0.simulate(x.placement).step_time_us + prof.step_overhead(len(np.unique(x.placement)))
+                - x.measured_us) / x.measured_us for x in samples if len(np.unique(x.placement)) > 1]
+    assert np.median(err0) > 0.05
+    assert fit.params["send_us"] + fit.params["recv_us"] > 20.0
+    # exact data needs no extra per-transfer step cost
+    assert fit.per_transfer_us == 0.0 and fit.per_transfer_note.startswith("not needed")
 
 
 def test_cluster_spec_file_and_unreachable_worker_fails_fast(tmp_path):
@@ -208,24 +290,30 @@ def test_runner_single_and_split_placements(mlp, testbed):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_verify_top_measures_the_k_best_predicted(mlp, testbed):
-    from placetool.costmodel.tf.runner import verify_top
+@pytest.mark.timeout(240)
+def test_interleaved_measurements_and_verify_top(mlp, testbed):
+    from placetool.costmodel.tf.runner import measure_interleaved, verify_top
 
     g = mlp.graph
-    cl = make_cluster(2, kinds=["cpu", "cpu"])
     single = np.zeros(g.n_ops, np.int32)
     split = g.to_placement((np.arange(g.n_groups) % 2).astype(np.int32))
-    other = np.ones(g.n_ops, np.int32)
-    rows = verify_top(mlp, cl, [split, single, other], k=2, predicted=[300.0, 100.0, 200.0],
-                      spec=testbed.spec, warmup=1, steps=2)
-    # the two best predictions (single: 100, other: 200) were measured, split was not
-    assert sorted(r["rank"] for r in rows) == [0, 1]
-    assert sorted(r["predicted_us"] for r in rows) == [100.0, 200.0]
-    assert [r["measured_us"] for r in rows] == sorted(r["measured_us"] for r in rows)
-    for r in rows:
-        assert r["measured_us"] > 0
+    reps = measure_interleaved(mlp, [single, split, single.copy()], testbed.spec, rounds=3, steps=2, warmup=1)
+    assert reps[0] == reps[2]  # the same placement is measured once (same numbers)
+    for r in reps:
+        assert len(r.round_us) == 3 and len(r.steps_us) == 6 and min(r.steps_us) > 0
+        assert r.step_us == float(np.median(r.steps_us))
+        assert r.spread_pct == pytest.approx(100 * (max(r.round_us) - min(r.round_us)) / 2 / r.step_us)
+    v = verify_top(mlp, [{"label": "search #1", "source": "search", "placement": split, "predicted_us": 50.0},
+                         {"label": "single", "source": "single", "placement": single, "predicted_us": 100.0}],
+                   spec=testbed.spec, rounds=2, steps=2, warmup=1)
+    assert [r["label"] for r in v["rows"]] == ["search #1", "single"]
+    meas = [r["measured_us"] for r in v["rows"]]
+    assert v["gain_pct"] == pytest.approx(100 * (meas[1] - meas[0]) / meas[1])
+    for r in v["rows"]:
         assert r["error_pct"] == pytest.approx(100 * (r["predicted_us"] - r["measured_us"]) / r["measured_us"])
+    # never a placement that measured slower than the baseline beyond the noise
+    if v["recommended"] == 0:
+        assert v["confirmed"] and meas[0] < meas[1]
 
 
 @pytest.mark.slow
@@ -262,10 +350,28 @@ def test_calibrate_and_verify_cli(mlp, testbed, tmp_path):
     _fresh_keras()
     r = CliRunner().invoke(cli, ["calibrate", "-g", "mlp", "--batch", "16", "--cluster-spec", str(spec),
                                  "--out", str(out), "--reps", "3", "--max-transfer", "65536",
-                                 "--trace-steps", "2", "--json"])
+                                 "--trace-steps", "2", "--split-steps", "1", "--rounds", "2", "--max-noise", "0",
+                                 "--json"])
     assert r.exit_code == 0, r.output + repr(r.exception)
+    summary = json.loads(r.output[r.output.index("{"):r.output.rindex("}") + 1])
     prof = load_profile(out)
     cl = prof.cluster()
+    # the transfer costs fitted to designed split placements, judged on held-out ones
+    fit = prof.meta["transfer_fit"]
+    assert summary["transfer_fit"]["params"] == fit["params"]
+    assert fit["fit"]["n"] >= 6 and fit["held_out"]["n"] >= 3 and fit["noise_floor_pct"] >= 0
+    labels = {row["label"] for row in fit["placements"]}
+    assert {"single:0", "cut:0->1", "cut:1->0", "alternate:0->1"} <= labels
+    for row in fit["placements"]:
+        assert row["error_pct"] == pytest.approx(100 * (row["predicted_us"] - row["measured_us"]) / row["measured_us"])
+    costs = cl.transfer_costs()
+    assert costs[:, 0].tolist() == costs[:, 1].tolist() == [fit["params"][k] for k in
+                                                            ("send_us", "send_us_per_byte", "recv_us", "recv_us_per_byte")]
+    from placetool.costmodel.cluster import load as load_cluster
+
+    assert np.array_equal(load_cluster(tmp_path / "prof.toml").transfer_costs(), costs)  # the TOML carries them
+    # --max-noise 0: any spread is too much, and the user is told (the files are still written)
+    assert summary["noisy"].startswith("the machine is too noisy to calibrate") == (fit["noise_floor_pct"] > 0)
     assert cl.names == ["cpu:0", "cpu:1"] and cl.metadata["tf_devices"] == testbed.spec.tf_devices
     assert prof.coverage(mlp.graph, "cpu") == {"measured": mlp.graph.n_ops, "fitted": 0, "roofline": 0}
     assert len(prof.links) == 2 and len(prof.step_overhead_us) == 2

@@ -48,9 +48,9 @@ def models_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tf():
-    from placetool.costmodel.tf.importer import _tf
+    from placetool.costmodel.tf.session import import_tf
 
-    return _tf()
+    return import_tf()
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,7 @@ def test_matmul_flops_are_2mnk(traced):
 def _run_step(tf, traced):
     """Run the traced step in a TF1 Session the way the hardware runner does; returns
     {tensor name: value} for every non-resource tensor of the step."""
-    from placetool.costmodel.tf.importer import runnable_graph_def, session_config
+    from placetool.costmodel.tf.session import runnable_graph_def, session_config
 
     gd, init = runnable_graph_def(traced)
     assert [n.name for n in gd.node] == traced.graph.names
@@ -279,6 +279,13 @@ def test_saved_model_infer(models_dir, tmp_path, monkeypatch, tf):
     assert sorted(conv) == sorted([2 * 4 * 8 * 8 * 4 * 27, 2 * 4 * 6 * 6 * 6 * 36])
     assert g.param_bytes.sum() == 4 * (27 * 4 + 4 + 36 * 6 + 6 + 9 * 6 + 6 + 216 * 5 + 5)
     assert g.meta["unknown_shapes"] == 0 and g.names == [n.name for n in tr.graph_def.node]
+    # recorded so it can be traced again, from anywhere
+    from placetool.costmodel.tf.importer import retrace
+
+    assert g.meta["trace"] == {"kind": "saved_model", "source": str((tmp_path / "sm").resolve()), "mode": "infer",
+                               "batch": 4, "optimizer": None}
+    monkeypatch.chdir(tmp_path)
+    assert retrace(g).graph.names == g.names
     with pytest.raises(Exception, match="use --mode infer"):
         trace(str(tmp_path / "sm"), mode="train", batch=4)
 
@@ -374,3 +381,97 @@ def test_tracing_the_same_source_twice_gives_the_same_op_names():
     b = trace("mlp", batch=8).graph
     assert a.names == b.names and any("dense" in n for n in a.names)
 
+
+
+# ---------------------------------------------------------------- one module owns TensorFlow
+def _clean_env():
+    """The user's environment: no oneDNN or log-level presets (tests/conftest.py sets both)."""
+    return {k: v for k, v in os.environ.items() if k not in ("TF_ENABLE_ONEDNN_OPTS", "TF_CPP_MIN_LOG_LEVEL")}
+
+
+def test_local_devices_load_tensorflow_with_onednn_off():
+    """`calibrate --local` / `verify --local` find the devices before anything else: that
+    first import of TensorFlow must already have oneDNN's rewrites off."""
+    code = ("import os\n"
+            "from placetool.cli.hardware import planned_spec\n"
+            "spec = planned_spec(None, 'cpu', None, True)\n"
+            "from tensorflow.python.util import _pywrap_util_port as port\n"
+            "print(spec.tf_devices[0], os.environ.get('TF_ENABLE_ONEDNN_OPTS'), port.IsMklEnabled())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=_clean_env())
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["/job:localhost/replica:0/task:0/device:CPU:0", "0", "False"]
+
+
+HIDE_TF = textwrap.dedent('''
+    import sys
+
+    class HideTF:  # as if TensorFlow were not installed
+        def find_spec(self, name, path=None, target=None):
+            if name == "tensorflow" or name.startswith("tensorflow."):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    sys.meta_path.insert(0, HideTF())
+    from placetool.cli.main import main
+    main(sys.argv[1:])
+''')
+
+
+@pytest.mark.parametrize("args", [
+    ["import", "mlp", "--out", "{tmp}/x.npz"],
+    ["calibrate", "-g", "mlp", "--testbed", "2", "--out", "{tmp}/p.json"],
+    ["verify", "-g", "mlp", "-p", "round-robin", "-c", "k80x2", "--testbed", "2"],
+    ["testbed", "up", "--workers", "1", "--state", "{tmp}/tb.json"],
+    ["search", "-g", "nmt", "-m", "single", "--verify-top", "1", "--testbed", "5"],
+])
+def test_commands_that_need_tensorflow_say_how_to_install_it(args, tmp_path):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    r = subprocess.run([sys.executable, "-c", HIDE_TF, *args], capture_output=True, text=True, timeout=120,
+                       env=_clean_env())
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == ['placetool: error: TensorFlow is not installed: pip install "placetool[tf]"']
+    assert not list(tmp_path.iterdir())  # nothing written, no testbed state
+
+
+def test_import_tf_without_tensorflow_is_a_user_error():
+    code = HIDE_TF.replace("from placetool.cli.main import main\nmain(sys.argv[1:])\n", textwrap.dedent('''
+        from placetool.costmodel.errors import UserError
+        from placetool.costmodel.tf.session import import_tf
+        try:
+            import_tf()
+        except UserError as e:
+            print(type(e).__name__, e)
+    '''))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == 'TensorFlowMissing TensorFlow is not installed: pip install "placetool[tf]"'
+
+
+def test_zoo_does_not_import_the_importer():
+    code = ("import sys, placetool.costmodel.tf.zoo\n"
+            "print(sorted(m for m in sys.modules if m.startswith('placetool.costmodel.tf.')))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert eval(r.stdout) == ["placetool.costmodel.tf.zoo"]
+
+
+# ---------------------------------------------------------------- tracing again
+def test_graph_files_record_their_source_and_trace_again(tmp_path, monkeypatch, tf):
+    from placetool.costmodel.graph import load
+    from placetool.costmodel.tf.importer import retrace, trace, trace_source
+
+    g = trace("mlp", batch=8, optimizer="adam", hidden=12).graph
+    g.save(tmp_path / "m.npz")
+    h = load(tmp_path / "m.npz")
+    assert h.meta["trace"] == {"kind": "zoo", "source": "mlp", "args": {"hidden": 12}, "batch": 8,
+                               "mode": "train", "optimizer": "adam"}
+    again = retrace(h)
+    assert again.graph.names == h.names and np.array_equal(again.graph.flops, h.flops)
+    # a GraphDef file is recorded by absolute path, so it traces again from anywhere
+    pb = tmp_path / "step.pb"
+    pb.write_bytes(trace("mlp", batch=4, mode="infer").graph_def.SerializeToString())
+    monkeypatch.chdir(tmp_path)
+    src = trace_source(trace("step.pb").graph)
+    assert src["kind"] == "graph_def" and src["source"] == str(pb.resolve()) and src["mode"] == "as-is"
+    # a Keras object handed to trace() has no source to trace again
+    from placetool.costmodel.tf.zoo import build_mlp
+
+    assert trace_source(trace(build_mlp().model, batch=2).graph) is None

@@ -13,7 +13,9 @@
 - the fixed cost of a step that touches 1..D devices (NoOps only): client -> master ->
   worker RPCs that the simulator does not see; :func:`placetool.costmodel.calibration.Profile.step_overhead`
   adds it to predictions;
-- per-op-type fits from all the medians.
+- per-op-type fits from all the medians;
+- designed split placements of each graph, measured repeatedly and interleaved, to
+  which the device-side transfer costs are fitted (see :func:`calibrate`).
 
 It returns the :class:`~placetool.costmodel.calibration.Profile` and the calibrated
 :class:`~placetool.costmodel.cluster.Cluster` (links from the fits, roofline fields from the
@@ -29,11 +31,13 @@ import time
 
 import numpy as np
 
-from placetool.costmodel.calibration import Profile, count_latency, fit_link
+from placetool.costmodel.calibration import (Profile, StepSample, count_latency, fit_link,
+                                             fit_transfer_costs, with_transfer_params)
 from placetool.costmodel.cluster import Cluster
 from placetool.costmodel.graph import KIND_BITS
 
-from .runner import measure, session_config
+from .runner import measure, measure_interleaved
+from .session import import_tf, onednn_setting, session_config
 from .testbed import ClusterSpec
 
 DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))  # 1 KB .. 64 MB
@@ -91,8 +95,7 @@ def time_transfers(spec: ClusterSpec, a: int, b: int, sizes=DEFAULT_SIZES, reps:
     the same ops on both devices without sending anything, interleaved so that drifting
     load on the machine hits both alike.
     """
-    import tensorflow as tf
-
+    tf = import_tf()
     tf1 = tf.compat.v1
     spec.check_reachable(timeout_s=min(timeout_s, 10.0))
     da, db = spec.tf_devices[a], spec.tf_devices[b]
@@ -136,7 +139,7 @@ def time_transfers(spec: ClusterSpec, a: int, b: int, sizes=DEFAULT_SIZES, reps:
             t_0.append(_time(sess, without, 1))
         return max(statistics.median(t_x) - statistics.median(t_0), 0.0)
 
-    with tf1.Session(spec.target, graph=g, config=session_config(timeout_s)) as sess:
+    with tf1.Session(spec.target, graph=g, config=session_config(timeout_s, 1, isolate=True)) as sess:
         sess.run(init)
         sizes_out = [(nb, diff(sess, x, base, max(3, reps if nb < 2 ** 24 else reps // 2)))
                      for nb, x, base in by_size]
@@ -146,8 +149,7 @@ def time_transfers(spec: ClusterSpec, a: int, b: int, sizes=DEFAULT_SIZES, reps:
 
 def step_overheads(spec: ClusterSpec, reps: int = 15, timeout_s: float = 60.0) -> list[float]:
     """Median µs of a step of NoOps on devices 0..k-1, for k = 1..D."""
-    import tensorflow as tf
-
+    tf = import_tf()
     tf1 = tf.compat.v1
     g = tf.Graph()
     with g.as_default():
@@ -156,7 +158,7 @@ def step_overheads(spec: ClusterSpec, reps: int = 15, timeout_s: float = 60.0) -
             with tf1.device(d):
                 noops.append(tf.no_op(name=f"noop{k}"))
     out = []
-    with tf1.Session(spec.target, graph=g, config=session_config(timeout_s)) as sess:
+    with tf1.Session(spec.target, graph=g, config=session_config(timeout_s, 1, isolate=True)) as sess:
         for k in range(1, len(noops) + 1):
             sess.run(noops[:k])
             out.append(_time(sess, noops[:k], reps))
@@ -165,16 +167,19 @@ def step_overheads(spec: ClusterSpec, reps: int = 15, timeout_s: float = 60.0) -
 
 def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: int = 5,
               reps: int = 9, memory_bytes: dict | None = None, name: str = "calibrated",
-              log=print, timeout_s: float = 300.0, split_steps: int = 3,
-              seed: int = 12345) -> tuple[Profile, Cluster]:
+              log=print, timeout_s: float = 300.0, split_steps: int = 3, rounds: int = 3,
+              max_noise_pct: float = 10.0) -> tuple[Profile, Cluster]:
     """Measure everything and return (profile, cluster); see the module docstring.
 
-    ``split_steps`` > 0 (and more than one device): per graph, that many random split
-    placements are measured too, and the per-transfer latency is refitted (one value for
-    all links) to the steps they took — see :func:`fit_latency_to_steps`.
+    ``split_steps`` > 0 (and more than one device): per graph, the designed split
+    placements (:func:`designed_splits`) are measured too, ``rounds`` times interleaved,
+    ``split_steps`` steps each, and the transfer costs are fitted to those whole steps
+    (:func:`~placetool.costmodel.calibration.fit_transfer_costs`): the link latency and,
+    per device, the send/receive time per message and per byte. ``profile.meta
+    ["transfer_fit"]`` holds the fit, its error on the placements held out of it and the
+    noise floor; ``profile.meta["noisy"]`` a warning when that floor exceeds ``max_noise_pct``.
     """
-    import tensorflow as tf
-
+    tf = import_tf()
     names = device_names(spec)
     D = len(names)
     profile = Profile(
@@ -182,7 +187,7 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
         host=platform.node(), tf_version=tf.__version__,
         date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         meta={"graphs": {}, "cluster_spec": spec.cluster_def(), "trace_steps": trace_steps,
-              "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "")},
+              "onednn": onednn_setting()},
     )
     spec.check_reachable(timeout_s=min(timeout_s, 10.0))
     log("step overhead (NoOps on 1..D devices) ...")
@@ -236,74 +241,99 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
 
     cluster = _cluster(name, names, spec, profile, lat, bw, memory_bytes or {})
     if split_steps > 0 and D > 1:
+        # the designs split work between two devices: their kinds' costs are what they measure
+        kinds = tuple(sorted({spec.kinds[d] for d in split_pair(spec)}))
         samples = []
-        rng = np.random.default_rng(seed)
         for t in traced_list:
-            g = t.graph
-            for _ in range(split_steps):
-                p = random_split(g, spec, rng)
-                m = measure(t, p, spec, warmup=1, steps=3, timeout_s=timeout_s)
-                samples.append((t.graph, p, m.step_us))
-        L, err = fit_latency_to_steps(samples, cluster, profile)
-        log(f"per-transfer latency fitted to {len(samples)} split steps: {L:,.1f} µs "
-            f"(median |error| {err:.1%}; measured hop latencies were "
-            f"{', '.join(f'{lat[a, b]:,.0f}' for a in range(D) for b in range(D) if a != b)} µs)")
+            designs = designed_splits(t.graph, spec)
+            log(f"measuring {len(designs)} designed split placements of {t.graph.name}, "
+                f"{rounds} interleaved rounds of {split_steps} steps ...")
+            reps = measure_interleaved(t, [p for _, p, _ in designs], spec, rounds=rounds, steps=split_steps,
+                                       warmup=2, timeout_s=timeout_s)
+            for (label, p, held), m in zip(designs, reps):
+                samples.append(StepSample(t.graph, p, m.step_us, m.spread_pct, label, held))
+        log(f"fitting transfer costs to {sum(not s.held_out for s in samples)} steps "
+            f"({sum(s.held_out for s in samples)} held out) ...")
+        fit = fit_transfer_costs(samples, cluster, profile, kinds=kinds)
+        summ = fit.summary()
+        cluster = with_transfer_params(cluster, fit.params, kinds)
         for link in profile.links:
             link["latency_measured_us"] = link["latency_us"]
-            link["latency_us"] = L
+            link["latency_us"] = fit.params["latency_us"]
             link["latency_source"] = f"fitted to {len(samples)} split-placement steps"
-        lat = np.where(np.eye(D, dtype=bool), 0.0, L)
-        cluster = _cluster(name, names, spec, profile, lat, bw, memory_bytes or {})
-        profile.meta["latency_fit"] = {"latency_us": L, "median_abs_log_error": err,
-                                       "steps": [float(x[2]) for x in samples]}
+        profile.meta["transfer_fit"] = summ
+        p_ = fit.params
+        log(f"transfer costs ({', '.join(kinds)} devices): send {p_['send_us']:,.1f} µs + "
+            f"{p_['send_us_per_byte'] * 1e6:,.1f} µs/MB, receive {p_['recv_us']:,.1f} µs + "
+            f"{p_['recv_us_per_byte'] * 1e6:,.1f} µs/MB, link latency {p_['latency_us']:,.1f} µs")
+        log(f"  fit: median |error| {_pct(summ['fit']['median_abs_error_pct'])} (max "
+            f"{_pct(summ['fit']['max_abs_error_pct'])}) on {summ['fit']['n']} placements; held out: "
+            f"{_pct(summ['held_out']['median_abs_error_pct'])} (max {_pct(summ['held_out']['max_abs_error_pct'])}) "
+            f"on {summ['held_out']['n']}; noise floor ±{fit.noise_floor_pct:.1f}%")
+        log(f"  per-transfer step cost: {fit.per_transfer_note}")
+        if fit.noise_floor_pct > max_noise_pct:
+            msg = (f"the machine is too noisy to calibrate: repeated runs of one placement spread by "
+                   f"±{fit.noise_floor_pct:.1f}% (median over {len(samples)} placements), more than "
+                   f"--max-noise {max_noise_pct:g}%; close other jobs and run again")
+            profile.meta["noisy"] = msg
+            log("WARNING: " + msg)
     profile.cluster_dict = cluster.to_dict()
     return profile, cluster
 
 
-def random_split(graph, spec: ClusterSpec, rng) -> np.ndarray:
-    """A random valid placement that splits some share (5..50%) of the groups."""
-    bits = np.array([KIND_BITS[k] for k in spec.kinds], np.uint8)
-    D = len(bits)
-    ok = (graph.group_allowed[:, None] & bits[None, :]) != 0
-    base = int(rng.integers(D))
-    a = np.where(rng.random(graph.n_groups) < rng.uniform(0.05, 0.5),
-                 rng.integers(0, D, graph.n_groups), base)
-    a = np.where(ok[np.arange(graph.n_groups), a], a, np.argmax(ok, axis=1))
-    return graph.to_placement(a)
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{x:.1f}%"
 
 
-def fit_latency_to_steps(samples, cluster, profile, grid=None) -> tuple[float, float]:
-    """The one per-transfer latency (µs) that best predicts measured split steps.
+def split_pair(spec: ClusterSpec) -> list[int]:
+    """The two devices the designed splits use: the first two of the first device's kind
+    (else the first two devices)."""
+    D = len(spec.kinds)
+    pair = [d for d in range(D) if spec.kinds[d] == spec.kinds[0]][:2]
+    return pair if len(pair) == 2 else [0, 1 % D]
 
-    ``samples``: (graph, per-op placement, measured µs). Prediction = simulated step with
-    every link's latency set to L (bandwidths kept) + the profile's step overhead; the
-    objective is the median |log(predicted / measured)|. Returns (L, that median).
-    On a busy machine single-transfer timings are too noisy to give the latency the
-    simulator needs (one that also stands in for gRPC's concurrency), while whole
-    steps are not.
+
+def designed_splits(graph, spec: ClusterSpec, seed: int = 12345) -> list[tuple[str, np.ndarray, bool]]:
+    """Split placements that tell the transfer costs apart: [(label, per-op placement, held out)].
+
+    Between two devices a and b of the same kind, in both directions: every op on one
+    device; a cut in topological order (few transfers); blocks of 16 and of 1 group
+    alternating (more, then many transfers); half of the groups with small outputs moved
+    (many small tensors) and the fifth with the largest (fewer, large ones); random
+    splits of 10% and 35% of the groups. Every third design is held out of the fit.
     """
-    from placetool.costmodel.simulate import CostModel
+    bits = np.array([KIND_BITS[k] for k in spec.kinds], np.uint8)
+    pair = split_pair(spec)
+    G = graph.n_groups
+    first = np.array([int(np.min(graph.topo_rank[ops])) for ops in graph.group_ops])
+    pos = np.empty(G, np.int64)
+    pos[np.argsort(first, kind="stable")] = np.arange(G)
+    gbytes = np.array([int(graph.out_bytes[ops].sum()) for ops in graph.group_ops], np.int64)
+    ok = (graph.group_allowed[:, None] & bits[None, :]) != 0
+    rng = np.random.default_rng(seed)
+    moving = {
+        "cut": pos >= G // 2,
+        "blocks16": (pos // 16) % 2 == 1,
+        "alternate": pos % 2 == 1,
+        "small-tensors": (gbytes <= np.quantile(gbytes, 0.5)) & (rng.random(G) < 0.5),
+        "large-tensors": gbytes >= np.quantile(gbytes, 0.8),
+        "random10": rng.random(G) < 0.10,
+        "random35": rng.random(G) < 0.35,
+    }
+    out, seen = [], set()
 
-    grid = np.unique(np.concatenate([[0.0], np.geomspace(5.0, 20000.0, 60)])) if grid is None else grid
-    D = cluster.n_devices
-    off = ~np.eye(D, dtype=bool)
-    T = {}
-    for g, _, _ in samples:
-        if id(g) not in T:
-            T[id(g)] = CostModel(g, cluster, profile=profile).T
-    best = (np.inf, 0.0)
-    for L in grid:
-        c = Cluster(cluster.name, cluster.devices, np.where(off, L, 0.0),
-                    cluster.bandwidth_bytes_per_us, dict(cluster.metadata))
-        errs = []
-        for g, p, meas in samples:
-            cm = CostModel(g, c, op_times=T[id(g)])
-            pred = cm.simulate(p).step_time_us + profile.step_overhead(len(np.unique(p)))
-            errs.append(abs(np.log(pred / meas)))
-        e = float(np.median(errs))
-        if e < best[0]:
-            best = (e, float(L))
-    return best[1], float(np.expm1(best[0]))
+    def add(label, a):
+        a = np.where(ok[np.arange(G), a], a, np.argmax(ok, axis=1)).astype(np.int32)
+        p = graph.to_placement(a)
+        if p.tobytes() not in seen:
+            seen.add(p.tobytes())
+            out.append((label, p))
+
+    for base, other in ((pair[0], pair[1]), (pair[1], pair[0])):
+        add(f"single:{base}", np.full(G, base, np.int32))
+        for label, m in moving.items():
+            add(f"{label}:{base}->{other}", np.where(m, other, base))
+    return [(label, p, i % 3 == 2) for i, (label, p) in enumerate(out)]
 
 
 def _cluster(name, names, spec, profile, lat, bw, memory_bytes) -> Cluster:

@@ -6,13 +6,14 @@ Entry points: :func:`trace` (the traced TF graph plus everything needed to run i
 Op names are kept one-to-one with what TensorFlow runs. We import the graph exactly as
 traced (no Grappler pass) and set ``TF_ENABLE_ONEDNN_OPTS=0`` before TensorFlow loads, so
 whoever runs ``Traced.graph_def`` must do the same: run it in a Session whose config has
-Grappler off (:func:`session_config`) and oneDNN off; then no op is renamed, fused or
-added, and every profiled op name is an OpGraph op name.
+Grappler off and oneDNN off (:mod:`placetool.costmodel.tf.session` does both); then no op
+is renamed, fused or added, and every profiled op name is an OpGraph op name.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import time
@@ -25,6 +26,8 @@ from placetool.costmodel.errors import UserError
 from placetool.costmodel.graph import ALL_KINDS, KIND_BITS, OpGraph
 
 from .flops import own_flops, tf_registered_flops
+from .session import import_keras, import_tf
+from .zoo import ZOO, Built
 
 MODES = ("train", "infer")
 
@@ -59,8 +62,9 @@ class Traced:
       ``VarHandleOp`` of the variable's shape/dtype in its place and initialise it from
       ``value.numpy()``, read eagerly, outside any ``tf.Graph`` context) or an
       ``EagerTensor`` (a captured constant; feed it or replace it by a ``Const``).
-      Placeholders for variables have dtype ``resource``. :func:`runnable_graph_def`
-      does the replacement in place (same node names) and returns the initial values;
+      Placeholders for variables have dtype ``resource``.
+      :func:`placetool.costmodel.tf.session.runnable_graph_def` does the replacement in
+      place (same node names) and returns the initial values;
       ``tests/test_tf_import.py::_run_step`` runs a step with it. (If you instead create
       stand-ins and ``input_map`` them, put them under a fresh top-level scope: a new op
       named ``X/Y/...`` makes TF rename an imported ``X/Y`` to ``X/Y_1``.)
@@ -71,8 +75,9 @@ class Traced:
       ``session.run`` executes exactly one step.
 
     To run: ``TF_ENABLE_ONEDNN_OPTS=0`` in the environment before TensorFlow is imported
-    (:func:`import_tf` does that), and ``tf.compat.v1.Session(config=session_config())`` (Grappler off) so that op names
-    stay those of ``graph``.
+    (:func:`~placetool.costmodel.tf.session.import_tf` does that), and a Session with
+    :func:`~placetool.costmodel.tf.session.session_config` (Grappler off), so that op
+    names stay those of ``graph``.
     """
 
     graph: OpGraph
@@ -82,114 +87,13 @@ class Traced:
     fetches: list = field(default_factory=list)
 
 
-def runnable_graph_def(traced: "Traced"):
-    """``(graph_def, init_values)``: ``traced.graph_def`` made runnable in a TF1 Session.
-
-    Every captured-variable ``Placeholder`` becomes a ``VarHandleOp`` of the same name
-    (``shared_name`` = that name, the variable's dtype and shape); every captured
-    constant becomes a ``Const`` holding its value. Node names and order are unchanged,
-    so ``graph.names`` still match one-to-one. ``init_values``: {VarHandleOp name: numpy
-    value} to assign (e.g. ``tf.raw_ops.AssignVariableOp``) before the first step.
-    Call it eagerly (outside any ``tf.Graph`` context): it reads variable values.
-    """
-    tf = _tf()
-    gd = tf.compat.v1.GraphDef()
-    gd.CopyFrom(traced.graph_def)
-    caps = dict(traced.captures)
-    init = {}
-    for nd in gd.node:
-        if nd.name not in caps:
-            continue
-        v = caps[nd.name]
-        name, device = nd.name, nd.device
-        nd.Clear()
-        nd.name, nd.device = name, device
-        if isinstance(v, tf.Variable):
-            nd.op = "VarHandleOp"
-            nd.attr["dtype"].type = v.dtype.as_datatype_enum
-            nd.attr["shape"].shape.CopyFrom(tf.TensorShape(v.shape).as_proto())
-            nd.attr["container"].s = b""
-            init[nd.name] = v.numpy()
-        else:
-            value = np.asarray(v.numpy()) if hasattr(v, "numpy") else np.asarray(v)
-            nd.op = "Const"
-            nd.attr["dtype"].type = tf.as_dtype(value.dtype).as_datatype_enum
-            nd.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
-    for nd in gd.node:
-        if nd.op == "VarHandleOp" and nd.name in init:
-            nd.attr["shared_name"].s = nd.name.encode()
-    return gd, init
-
-
-def session_config(**kw):
-    """A ``tf.compat.v1.ConfigProto`` with Grappler off (op names stay as imported)."""
-    tf = _tf()
-    from tensorflow.core.protobuf import rewriter_config_pb2
-
-    cfg = tf.compat.v1.ConfigProto(**kw)
-    rw = cfg.graph_options.rewrite_options
-    rw.disable_meta_optimizer = True
-    rw.remapping = rewriter_config_pb2.RewriterConfig.OFF
-    cfg.graph_options.optimizer_options.opt_level = tf.compat.v1.OptimizerOptions.L0
-    cfg.graph_options.optimizer_options.do_function_inlining = False
-    return cfg
-
-
-def _tf():
-    """Import TensorFlow with oneDNN graph rewrites off (they rename and fuse ops)."""
-    was = os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if "tensorflow" in sys.modules:
-        if was != "0" and not getattr(_tf, "warned", False):
-            import warnings
-
-            _tf.warned = True
-            warnings.warn("TensorFlow was imported before TF_ENABLE_ONEDNN_OPTS=0 was set: "
-                          "oneDNN may rename/fuse ops at run time", stacklevel=2)
-        return sys.modules["tensorflow"]
-    # TF's C++ runtime logs CUDA probing on stderr before any log level applies; keep a
-    # user's terminal to our own one-line messages by muting fd 2 while TF starts.
-    with _muted_stderr():
-        import tensorflow as tf
-
-        tf.config.list_physical_devices()
-    return tf
-
-
-#: Import TensorFlow the way placetool needs it (oneDNN rewrites off, start-up logs muted).
-import_tf = _tf
-
-
-#: Public name: import TensorFlow the way the importer does (oneDNN rewrites off).
-import_tf = _tf
-
-
-class _muted_stderr:
-    def __enter__(self):
-        try:
-            sys.stderr.flush()
-            self.saved = os.dup(2)
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 2)
-            os.close(devnull)
-        except OSError:
-            self.saved = None
-        return self
-
-    def __exit__(self, *exc):
-        if self.saved is not None:
-            os.dup2(self.saved, 2)
-            os.close(self.saved)
-        return False
-
-
 # ------------------------------------------------------------------ public API
 def trace(source, mode: str = "train", batch: int | None = None, optimizer: str = "sgd",
-          name: str | None = None, **kw) -> Traced:
+          name: str | None = None, cwd: str | None = None, **kw) -> Traced:
     """Trace one step of SOURCE and import it.
 
     SOURCE: a zoo name (``placetool.costmodel.tf.zoo.ZOO``), ``module:function`` returning a Keras
-    model (imported from the current directory), a SavedModel directory (infer mode
+    model (imported from folder ``cwd``, default the current directory), a SavedModel directory (infer mode
     only), or a GraphDef file (``.pb`` binary / ``.pbtxt`` text; imported as it is, so
     ``mode`` and ``optimizer`` do not apply). A Keras model object is accepted too.
 
@@ -198,6 +102,9 @@ def trace(source, mode: str = "train", batch: int | None = None, optimizer: str 
     at a fixed batch; ``infer`` traces the forward pass. ``batch`` fixes the batch
     dimension; it is required where the model leaves it dynamic (a zoo entry has its own
     default). Extra keyword arguments go to the zoo builder (e.g. ``seq_len=20``).
+
+    The graph's ``meta["trace"]`` records the source (kind, source, working directory,
+    batch, mode, optimizer, builder options) so that :func:`retrace` can trace it again.
 
     Raises :class:`~placetool.costmodel.errors.UserError` (one line, naming SOURCE) for sources that
     cannot be imported.
@@ -208,41 +115,112 @@ def trace(source, mode: str = "train", batch: int | None = None, optimizer: str 
         raise ModelImportError(f"batch {batch!r}: expected a positive integer")
     if not isinstance(source, str):
         return _trace_keras(source, None, mode, batch, optimizer, name or "model")
-    from . import zoo
+    return _trace_source(source, mode, batch, optimizer, name, kw, cwd or os.getcwd())
 
+
+def _trace_source(source, mode, batch, optimizer, name, kw, cwd) -> Traced:
     # Keras numbers layer names per process (dense, dense_1, ...): start each build from a
     # clean slate so that the same source always gives the same op names, which profiles
     # and placement files are keyed by.
-    _tf()
-    import keras
-
+    keras = import_keras()
     keras.backend.clear_session()
-    if source in zoo.ZOO:
-        spec = zoo.ZOO[source]
+    # what it takes to trace this graph again (``search --verify-top`` runs it for real)
+    src = {"source": source, "mode": mode, "batch": batch, "optimizer": optimizer}
+    if source in ZOO:
+        spec = ZOO[source]
         try:
             built = spec.build(**kw)
         except TypeError as e:
             raise ModelImportError(f"zoo model {source!r}: {e}") from None
         tr = _trace_keras(built, spec, mode, batch or spec.batch, optimizer, name or source)
         tr.graph.meta.update(zoo_doc=spec.doc, n_ops=tr.graph.n_ops)
-        return tr
-    if kw:
-        raise ModelImportError(f"{source}: options {sorted(kw)} only apply to zoo models")
-    p = Path(source)
-    if p.is_dir():
-        if not (p / "saved_model.pb").exists() and not (p / "saved_model.pbtxt").exists():
-            raise ModelImportError(f"{source}: a directory but not a SavedModel (no saved_model.pb)")
-        return _trace_saved_model(p, mode, batch, name or p.name)
-    if p.suffix in (".pb", ".pbtxt"):
-        return _trace_graph_def_file(p, batch, name or p.stem)
-    if ":" in source and not p.exists():
-        model = _call_builder(source)
-        return _trace_keras(model, None, mode, batch, optimizer, name or source)
-    if p.exists():
-        raise ModelImportError(f"{source}: unknown model file type (expected a SavedModel "
-                           "directory, .pb or .pbtxt)")
-    raise ModelImportError(f"unknown model source {source!r}: not a zoo name "
-                       f"({', '.join(zoo.ZOO)}), module:function, SavedModel or GraphDef file")
+        src.update(kind="zoo", args=dict(kw), batch=batch or spec.batch)
+    else:
+        if kw:
+            raise ModelImportError(f"{source}: options {sorted(kw)} only apply to zoo models")
+        p = Path(source)
+        if p.is_dir():
+            if not (p / "saved_model.pb").exists() and not (p / "saved_model.pbtxt").exists():
+                raise ModelImportError(f"{source}: a directory but not a SavedModel (no saved_model.pb)")
+            tr = _trace_saved_model(p, mode, batch, name or p.name)
+            src.update(kind="saved_model", source=str(p.resolve()), mode="infer", optimizer=None)
+        elif p.suffix in (".pb", ".pbtxt"):
+            tr = _trace_graph_def_file(p, batch, name or p.stem)
+            src.update(kind="graph_def", source=str(p.resolve()), mode="as-is", optimizer=None)
+        elif ":" in source and not p.exists():
+            model = _call_builder(source, cwd)
+            tr = _trace_keras(model, None, mode, batch, optimizer, name or source)
+            src.update(kind="module", cwd=str(Path(cwd).resolve()))
+        elif p.exists():
+            raise ModelImportError(f"{source}: unknown model file type (expected a SavedModel "
+                                   "directory, .pb or .pbtxt)")
+        else:
+            raise ModelImportError(f"unknown model source {source!r}: not a zoo name "
+                                   f"({', '.join(ZOO)}), module:function, SavedModel or GraphDef file")
+    if src["kind"] != "zoo":
+        src["batch"] = tr.graph.meta.get("batch", batch)
+    tr.graph.meta["trace"] = src
+    return tr
+
+
+# ------------------------------------------------------------------ tracing again
+def trace_source(graph) -> dict | None:
+    """How ``graph`` was traced (``graph.meta["trace"]``), or None if placetool cannot
+    trace it again (a synthetic graph, a Keras object passed to :func:`trace`).
+
+    Graph files written before sources were recorded are still understood when they
+    are bundled zoo graphs (name = zoo name, batch/mode/optimizer in their meta).
+    """
+    src = graph.meta.get("trace")
+    if isinstance(src, dict) and src.get("kind") in ("zoo", "module", "saved_model", "graph_def"):
+        return src
+    if graph.name in ZOO and graph.meta.get("zoo_doc"):
+        return {"kind": "zoo", "source": graph.name, "args": {}, "batch": graph.meta.get("batch"),
+                "mode": graph.meta.get("mode", "train"), "optimizer": graph.meta.get("optimizer", "sgd")}
+    return None
+
+
+def check_retraceable(graph) -> dict:
+    """The recorded source of ``graph``, checked cheaply (no TensorFlow, no model built):
+    a one-line :class:`ModelImportError` naming what is missing otherwise."""
+    src = trace_source(graph)
+    what = f"graph {graph.name!r}"
+    if src is None:
+        raise ModelImportError(f"{what} records no model source to trace and run it again "
+                               "(only graphs made by `placetool import` or bundled zoo graphs can be run)")
+    kind, source = src["kind"], str(src["source"])
+    if kind == "zoo":
+        if source not in ZOO:
+            raise ModelImportError(f"{what} was traced from zoo model {source!r}, which this placetool lacks")
+    elif kind in ("saved_model", "graph_def"):
+        if not Path(source).exists():
+            raise ModelImportError(f"{what} was traced from {source}, which no longer exists")
+    else:
+        cwd = src.get("cwd") or "."
+        if not Path(cwd).is_dir():
+            raise ModelImportError(f"{what} was traced from {source} in {cwd}, which no longer exists")
+        mod = source.partition(":")[0].split(".")[0]
+        if not ((Path(cwd) / f"{mod}.py").exists() or (Path(cwd) / mod).is_dir()
+                or importlib.util.find_spec(mod) is not None):
+            raise ModelImportError(f"{what} was traced from {source} in {cwd}, but module {mod!r} "
+                                   "is not there any more")
+    return src
+
+
+def retrace(graph) -> Traced:
+    """Trace ``graph``'s recorded source again (same batch, mode, optimizer, builder
+    options, working directory), to run it on real devices."""
+    src = check_retraceable(graph)
+    mode = src.get("mode") or "train"
+    if mode == "as-is":
+        mode = "train"
+    tr = _trace_source(src["source"], mode, src.get("batch"), src.get("optimizer") or "sgd", graph.name,
+                       dict(src.get("args") or {}), src.get("cwd") or os.getcwd())
+    missing = [n for n in graph.names if n not in tr.graph.index]
+    if missing:
+        raise ModelImportError(f"graph {graph.name!r}: tracing {src['source']} again gives other op names "
+                               f"(op {missing[0]!r} is gone): was the model changed since it was imported?")
+    return tr
 
 
 def import_graph(source, mode: str = "train", batch: int | None = None,
@@ -252,15 +230,15 @@ def import_graph(source, mode: str = "train", batch: int | None = None,
 
 
 # ------------------------------------------------------------------ sources
-def _call_builder(source: str):
-    """Import ``module:function`` from the current directory and call it."""
+def _call_builder(source: str, cwd: str):
+    """Import ``module:function`` from folder ``cwd`` and call it."""
     mod_name, _, fn_name = source.partition(":")
     if not mod_name or not fn_name:
         raise ModelImportError(f"{source!r}: expected module:function")
-    cwd = os.getcwd()
+    cwd = str(Path(cwd).resolve())
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
-    _tf()
+    import_tf()
     try:
         mod = importlib.import_module(mod_name)
     except Exception as e:
@@ -274,9 +252,7 @@ def _call_builder(source: str):
     except Exception as e:
         raise ModelImportError(f"{source}: building the model failed "
                            f"({type(e).__name__}: {_first_line(e)})") from None
-    import keras
-
-    if not isinstance(model, keras.Model):
+    if not isinstance(model, import_keras().Model):
         raise ModelImportError(f"{source}: returned {type(model).__name__}, not a keras.Model")
     return model
 
@@ -289,10 +265,8 @@ def _first_line(e) -> str:
 # ------------------------------------------------------------------ Keras tracing
 def _trace_keras(built, spec, mode, batch, optimizer, name) -> Traced:
     """Trace a Keras model (or a zoo ``Built``) into a Traced step."""
-    tf = _tf()
-    import keras
-
-    from .zoo import Built
+    tf = import_tf()
+    keras = import_keras()
 
     if not isinstance(built, Built):
         built = Built(model=built)
@@ -414,8 +388,7 @@ class _LayerTagger:
         self._saved = []
 
     def __enter__(self):
-        import tensorflow as tf
-
+        tf = import_tf()
         for layer, idx in self.layer_of.items():
             orig = layer.call
 
@@ -476,7 +449,7 @@ def _finish(cf, variables, feeds, name, meta, tagger=None) -> Traced:
 
 # ------------------------------------------------------------------ other sources
 def _trace_saved_model(path: Path, mode, batch, name) -> Traced:
-    tf = _tf()
+    tf = import_tf()
     if mode != "infer":
         raise ModelImportError(f"{path}: a SavedModel holds no training step; use --mode infer "
                            "(or import the Keras model with module:function)")
@@ -507,7 +480,7 @@ def _trace_saved_model(path: Path, mode, batch, name) -> Traced:
 
 
 def _trace_graph_def_file(path: Path, batch, name) -> Traced:
-    tf = _tf()
+    tf = import_tf()
     from google.protobuf import text_format
 
     gd = tf.compat.v1.GraphDef()
@@ -537,7 +510,7 @@ def _trace_graph_def_file(path: Path, batch, name) -> Traced:
 
 
 def _from_graph_def(gd, name, meta, feeds, captured=(), variables=()) -> Traced:
-    tf = _tf()
+    tf = import_tf()
     names = {n.name for n in gd.node}
     by_handle = {id(getattr(v, "handle", None)): v for v in variables}
     captures, param_shapes = [], {}
@@ -580,7 +553,7 @@ def opgraph_from_tf(graph, gd, name, param_shapes=None, meta=None, tags=None) ->
     ``param_shapes``: {resource placeholder name: (shape, dtype)} of captured variables.
     ``tags``: {op name: layer index} recorded while tracing (see :class:`_LayerTagger`).
     """
-    tf = _tf()
+    tf = import_tf()
     from tensorflow.python.framework import kernels
 
     param_shapes = param_shapes or {}

@@ -28,6 +28,7 @@ import numpy as np
 from placetool.costmodel.errors import UserError
 from placetool.costmodel.graph import KIND_BITS
 
+from .session import import_tf, runnable_graph_def, session_config
 from .testbed import ClusterSpec, TestbedError
 
 
@@ -57,7 +58,7 @@ class Measurement:
 
 def local_spec() -> ClusterSpec:
     """This process's own devices: the CPU, then every visible GPU (``--local``)."""
-    import tensorflow as tf
+    tf = import_tf()
 
     gpus = tf.config.list_physical_devices("GPU")
     base = "/job:localhost/replica:0/task:0/device:"
@@ -109,56 +110,31 @@ def build_step_graph(traced, placement, tf_devices):
     """(tf.Graph, step target names, init target names, init feeds {name: value}).
 
     ``placement`` is per op of ``traced.graph``; nodes the OpGraph does not know (rare:
-    bookkeeping nodes) go with their first placed input, else device 0.
+    bookkeeping nodes) go with their first placed input, else device 0. Variables are
+    initialised by ``init`` targets fed their values once (see :func:`runnable_graph_def`).
     """
-    import tensorflow as tf
+    tf = import_tf()
 
     graph = traced.graph
-    gd = tf.compat.v1.GraphDef()
-    gd.CopyFrom(traced.graph_def)
+    gd, init = runnable_graph_def(traced, feeds_as_const=True)
     dev_of = {graph.names[i]: tf_devices[int(d)] for i, d in enumerate(placement)}
-    nodes = {n.name: n for n in gd.node}
-
+    nodes = {n.name for n in gd.node}
     init_targets, init_feeds = [], {}
-    captured = dict(traced.captures)
-    for k, (ph, obj) in enumerate(traced.captures):
-        node = nodes.get(ph)
-        if node is None:
-            raise RunError(f"captured placeholder {ph!r} is not a node of the traced graph")
-        if isinstance(obj, tf.Variable):
-            node.op = "VarHandleOp"
-            node.ClearField("input")
-            node.attr.clear()
-            node.attr["dtype"].type = obj.dtype.as_datatype_enum
-            node.attr["shape"].shape.CopyFrom(obj.shape.as_proto())
-            node.attr["container"].s = b""
-            node.attr["shared_name"].s = f"placetool/{k}/{ph}".encode()
-            value = gd.node.add()
-            value.name = f"placetool_init/{k}/value"
-            value.op = "Placeholder"
-            value.attr["dtype"].type = obj.dtype.as_datatype_enum
-            value.attr["shape"].shape.CopyFrom(obj.shape.as_proto())
-            assign = gd.node.add()
-            assign.name = f"placetool_init/{k}/assign"
-            assign.op = "AssignVariableOp"
-            assign.input.extend([ph, value.name])
-            assign.attr["dtype"].type = obj.dtype.as_datatype_enum
-            dev_of[value.name] = dev_of[assign.name] = dev_of.get(ph, tf_devices[0])
-            init_targets.append(assign.name)
-            init_feeds[value.name + ":0"] = obj.numpy()
-        else:
-            arr = np.asarray(obj.numpy() if hasattr(obj, "numpy") else obj)
-            if arr.dtype == object or getattr(obj, "dtype", None) == tf.resource:
-                raise RunError(f"captured input {ph!r} is a {type(obj).__name__} that cannot be rebuilt in a Session")
-            _to_const(tf, node, arr)
-    for name, value in (traced.feeds or {}).items():
-        name = _strip(name)
-        node = nodes.get(name)
-        if node is None:
-            raise RunError(f"feed {name!r} is not a node of the traced graph")
-        if name in captured:
-            continue
-        _to_const(tf, node, np.asarray(value))
+    for k, (name, value) in enumerate(init.items()):
+        dtype = tf.as_dtype(value.dtype).as_datatype_enum
+        ph = gd.node.add()
+        ph.name = f"placetool_init/{k}/value"
+        ph.op = "Placeholder"
+        ph.attr["dtype"].type = dtype
+        ph.attr["shape"].shape.CopyFrom(tf.TensorShape(value.shape).as_proto())
+        assign = gd.node.add()
+        assign.name = f"placetool_init/{k}/assign"
+        assign.op = "AssignVariableOp"
+        assign.input.extend([name, ph.name])
+        assign.attr["dtype"].type = dtype
+        dev_of[ph.name] = dev_of[assign.name] = dev_of.get(name, tf_devices[0])
+        init_targets.append(assign.name)
+        init_feeds[ph.name + ":0"] = value
 
     for node in gd.node:
         d = dev_of.get(node.name)
@@ -177,41 +153,82 @@ def build_step_graph(traced, placement, tf_devices):
     return g, targets, init_targets, init_feeds
 
 
-def _to_const(tf, node, arr: np.ndarray) -> None:
-    node.op = "Const"
-    node.ClearField("input")
-    node.attr.clear()
-    node.attr["dtype"].type = tf.as_dtype(arr.dtype).as_datatype_enum
-    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(arr))
-
-
-def session_config(timeout_s: float, threads: int = 1):
-    """Session options: soft placement off, Grappler off (names stay), op timeout."""
-    import tensorflow as tf
-
-    tf1 = tf.compat.v1
-    cfg = tf1.ConfigProto(
-        allow_soft_placement=False,
-        intra_op_parallelism_threads=threads,
-        inter_op_parallelism_threads=threads,
-        operation_timeout_in_ms=int(timeout_s * 1000),
-        isolate_session_state=True,  # each placement gets fresh variables on the workers
-    )
-    from tensorflow.core.protobuf import rewriter_config_pb2
-
-    rw = cfg.graph_options.rewrite_options
-    rw.disable_meta_optimizer = True
-    rw.remapping = rewriter_config_pb2.RewriterConfig.OFF
-    oo = cfg.graph_options.optimizer_options
-    oo.opt_level = tf1.OptimizerOptions.L0
-    oo.do_constant_folding = False
-    oo.do_common_subexpression_elimination = False
-    oo.do_function_inlining = False
-    return cfg
-
-
 # ----------------------------------------------------------------- measuring
 _RECV = re.compile(r"\[([^\]]*)\]\s*\[([^\]]*)\]\s*(\S+) from (\S+) to (\S+)")
+
+
+class PlacedStep:
+    """One placement of a traced step, opened in its own Session and ready to time.
+
+    ``with PlacedStep(traced, p, spec) as st: st.step()`` -> µs of one step. Several may be
+    open at once on the same devices (each has its own variables), which is how
+    :func:`measure_interleaved` alternates placements step by step.
+    """
+
+    def __init__(self, traced, placement, spec: ClusterSpec, timeout_s: float = 120.0):
+        self.traced, self.spec, self.timeout_s = traced, spec, timeout_s
+        self.placement = check_placement(traced.graph, placement, spec)
+        self.sess = None
+
+    def __enter__(self):
+        tf = import_tf()
+        t0 = time.perf_counter()
+        g, targets, init_targets, init_feeds = build_step_graph(self.traced, self.placement, self.spec.tf_devices)
+        # workers run one op at a time on their own pools; in-process (--local) devices
+        # share this process's pools, so give each device a thread
+        threads = 1 if self.spec.workers else max(2, len(self.spec.tf_devices))
+        with _tf_errors(self.timeout_s):
+            self.sess = tf.compat.v1.Session(self.spec.target, graph=g,
+                                             config=session_config(self.timeout_s, threads, isolate=True))
+            try:
+                if init_targets:
+                    self.sess.run([g.get_operation_by_name(n) for n in init_targets], feed_dict=init_feeds)
+                self.ops = [g.get_operation_by_name(n) for n in targets]
+                self.sess.run(self.ops)  # the first step pays for graph registration
+            except BaseException:
+                self.close()
+                raise
+        self.setup_s = time.perf_counter() - t0
+        return self
+
+    def step(self) -> float:
+        """Run one step; its wall time in µs."""
+        with _tf_errors(self.timeout_s):
+            s = time.perf_counter()
+            self.sess.run(self.ops)
+            return (time.perf_counter() - s) * 1e6
+
+    def close(self) -> None:
+        if self.sess is not None:
+            self.sess.close()
+            self.sess = None
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class _tf_errors:
+    """TensorFlow's run-time errors as one-line placetool errors."""
+
+    def __init__(self, timeout_s):
+        self.timeout_s = timeout_s
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, e, tb):
+        if typ is None:
+            return False
+        tf = import_tf()
+        if not isinstance(e, tf.errors.OpError):
+            return False
+        first = (e.message or "").strip().splitlines()[0] if e.message else type(e).__name__
+        if isinstance(e, tf.errors.DeadlineExceededError):
+            raise RunError(f"a step did not finish within {self.timeout_s:g} s (operation_timeout): {first}") from None
+        if isinstance(e, tf.errors.UnavailableError):
+            raise TestbedError(f"a worker became unreachable: {first}") from None
+        raise RunError(f"TensorFlow refused the placed graph: {first}") from None
 
 
 def measure(traced, placement, spec: ClusterSpec, warmup: int = 2, steps: int = 5,
@@ -221,41 +238,79 @@ def measure(traced, placement, spec: ClusterSpec, warmup: int = 2, steps: int = 
     ``trace_steps`` > 0 adds that many FULL_TRACE steps for the per-op profile (their
     times are not part of the step median: tracing slows a step down).
     """
-    import tensorflow as tf
-
-    tf1 = tf.compat.v1
+    tf1 = import_tf().compat.v1
     p = check_placement(traced.graph, placement, spec)
     spec.check_reachable(timeout_s=min(timeout_s, 10.0))
-    t0 = time.perf_counter()
-    g, targets, init_targets, init_feeds = build_step_graph(traced, p, spec.tf_devices)
-    target = spec.target
-    try:
-        # workers run one op at a time on their own pools; in-process (--local) devices
-        # share this process's pools, so give each device a thread
-        threads = 1 if spec.workers else max(2, len(spec.tf_devices))
-        with tf1.Session(target, graph=g, config=session_config(timeout_s, threads)) as sess:
-            if init_targets:
-                sess.run([g.get_operation_by_name(n) for n in init_targets], feed_dict=init_feeds)
-            ops = [g.get_operation_by_name(n) for n in targets]
-            for _ in range(warmup):
-                sess.run(ops)
-            setup_s = time.perf_counter() - t0
-            times = []
-            for _ in range(max(steps, 1)):
-                s = time.perf_counter()
-                sess.run(ops)
-                times.append((time.perf_counter() - s) * 1e6)
-            m = Measurement(float(statistics.median(times)), times, setup_s=setup_s)
-            if trace_steps > 0:
-                _trace(tf1, sess, ops, trace_steps, traced.graph, m)
-    except tf.errors.DeadlineExceededError as e:
-        raise RunError(f"a step did not finish within {timeout_s:g} s (operation_timeout): {e.message.splitlines()[0]}") from None
-    except tf.errors.UnavailableError as e:
-        raise TestbedError(f"a worker became unreachable: {e.message.splitlines()[0]}") from None
-    except (tf.errors.InvalidArgumentError, tf.errors.ResourceExhaustedError, tf.errors.NotFoundError,
-            tf.errors.FailedPreconditionError, tf.errors.UnimplementedError) as e:
-        raise RunError(f"TensorFlow refused the placed graph: {e.message.splitlines()[0]}") from None
+    with PlacedStep(traced, p, spec, timeout_s) as st:
+        for _ in range(max(warmup - 1, 0)):
+            st.step()
+        times = [st.step() for _ in range(max(steps, 1))]
+        m = Measurement(float(statistics.median(times)), times, setup_s=st.setup_s)
+        if trace_steps > 0:
+            with _tf_errors(timeout_s):
+                _trace(tf1, st.sess, st.ops, trace_steps, traced.graph, m)
     return m
+
+
+@dataclass
+class Repeated:
+    """One placement measured in ``rounds`` interleaved with others (µs)."""
+
+    step_us: float              # median of every timed step
+    round_us: list[float]       # median step of each round
+    steps_us: list[float]
+
+    @property
+    def spread_pct(self) -> float:
+        """Half the range of the round medians, % of the median: the noise floor of this
+        placement (how far apart repeated measurements of the same placement land)."""
+        if len(self.round_us) < 2 or self.step_us <= 0:
+            return 0.0
+        return 100.0 * (max(self.round_us) - min(self.round_us)) / 2.0 / self.step_us
+
+    def to_dict(self) -> dict:
+        return {"measured_us": self.step_us, "round_us": self.round_us, "spread_pct": self.spread_pct}
+
+
+def measure_interleaved(traced, placements, spec: ClusterSpec, rounds: int = 3, steps: int = 3,
+                        warmup: int = 2, timeout_s: float = 120.0, log=None) -> list[Repeated]:
+    """Measure several placements of one traced step side by side.
+
+    All placements are opened at once; then ``rounds`` times, each placement runs
+    ``steps`` timed steps in turn (the order rotates every round), so load that drifts
+    over the run hits every placement alike. Identical placements are measured once.
+    Returns one :class:`Repeated` per placement, in the order given.
+    """
+    P = [check_placement(traced.graph, p, spec) for p in placements]  # all refused before any runs
+    spec.check_reachable(timeout_s=min(timeout_s, 10.0))
+    keys, uniq = [], {}
+    for p in P:
+        k = p.tobytes()
+        keys.append(uniq.setdefault(k, len(uniq)))
+    first = {j: P[i] for i, j in reversed(list(enumerate(keys)))}
+    opened: list[PlacedStep] = []
+    try:
+        for j in range(len(uniq)):
+            opened.append(PlacedStep(traced, first[j], spec, timeout_s).__enter__())
+            for _ in range(max(warmup - 1, 0)):
+                opened[-1].step()
+        times = [[[] for _ in range(max(rounds, 1))] for _ in opened]
+        for r in range(max(rounds, 1)):
+            order = list(range(len(opened)))
+            order = order[r % len(order):] + order[:r % len(order)]
+            for j in order:
+                times[j][r] = [opened[j].step() for _ in range(max(steps, 1))]
+            if log:
+                log(f"  round {r + 1}/{rounds} done")
+    finally:
+        for st in opened:
+            st.close()
+    out = []
+    for j in keys:
+        rs = times[j]
+        flat = [t for rr in rs for t in rr]
+        out.append(Repeated(float(statistics.median(flat)), [float(statistics.median(rr)) for rr in rs], flat))
+    return out
 
 
 def _trace(tf1, sess, ops, n, graph, m: Measurement) -> None:
@@ -292,18 +347,6 @@ def _trace(tf1, sess, ops, n, graph, m: Measurement) -> None:
     m.op_us = {k: float(statistics.median(v)) for k, v in per_op.items()}
 
 
-# ----------------------------------------------------------------- many placements
-def measure_many(traced, placements, spec: ClusterSpec, warmup: int = 2, steps: int = 5,
-                 timeout_s: float = 120.0, progress=None) -> list[Measurement]:
-    """Measure several placements one after another (each in its own session)."""
-    out = []
-    for i, p in enumerate(placements):
-        out.append(measure(traced, p, spec, warmup=warmup, steps=steps, timeout_s=timeout_s))
-        if progress:
-            progress(i + 1)
-    return out
-
-
 def remap_placement(src_graph, placement, dst_graph) -> np.ndarray:
     """A per-op placement of ``src_graph`` as one of ``dst_graph``, matched by op name."""
     p = np.asarray(placement)
@@ -321,54 +364,93 @@ def remap_placement(src_graph, placement, dst_graph) -> np.ndarray:
     return out
 
 
-def verify_top(source, cluster, placements, k: int = 3, predicted=None, profile=None,
-               spec: ClusterSpec | None = None, testbed: int = 0, testbed_device: str = "cpu",
-               graph=None, trace_kw=None, warmup: int = 2, steps: int = 5,
-               timeout_s: float = 120.0) -> list[dict]:
-    """Measure the ``k`` best of ``placements`` on real devices (``placetool search --verify-top K``).
+def verify_top(traced, candidates, spec: ClusterSpec | None = None, testbed: int = 0,
+               testbed_device: str = "cpu", rounds: int = 3, steps: int = 3, warmup: int = 2,
+               timeout_s: float = 120.0, log=None) -> dict:
+    """Measure search candidates beside the baselines and pick what hardware says is fastest.
 
-    ``source``: a :class:`Traced`, or anything ``importer.trace`` takes (with ``trace_kw``).
-    ``placements``: per-op (or per-group) arrays for ``graph`` (default: the traced graph),
-    best first, or paired with ``predicted`` µs (then sorted by it). Devices: ``spec``, or a
-    fresh ``testbed``-worker testbed started and stopped around the measurements.
-    Returns one dict per measured placement, best measured first: ``rank`` (by prediction),
-    ``predicted_us``, ``measured_us``, ``error_pct`` and ``placement`` (per-op ints).
+    ``candidates``: dicts with ``label``, ``source`` (``"search"`` for a placement the
+    search found, anything else for a baseline: ``"single"``, ``"baseline"``),
+    ``placement`` (per op of ``traced.graph``) and ``predicted_us``. All are measured in
+    one run, interleaved (:func:`measure_interleaved`) on ``spec``'s devices or on a
+    fresh ``testbed``-worker testbed. Returns :func:`judge` of the measured rows.
     """
-    traced = source
-    if not hasattr(source, "graph_def"):
-        from .importer import trace
-
-        traced = trace(source, **(trace_kw or {}))
-    graph = graph or traced.graph
-    P = [np.asarray(p) for p in placements]
-    if predicted is None:
-        from placetool.costmodel.simulate import CostModel
-
-        cm = CostModel(traced.graph, cluster, profile=profile)
-        predicted = []
-        for p in P:
-            q = remap_placement(graph, p, traced.graph)
-            n_used = len(np.unique(q))
-            predicted.append(cm.simulate(q).step_time_us + (profile.step_overhead(n_used) if profile else 0.0))
-    order = np.argsort(np.asarray(predicted, np.float64), kind="stable")[:k]
-    chosen = [(int(r), remap_placement(graph, P[i], traced.graph), float(predicted[i]))
-              for r, i in enumerate(order)]
     if spec is None and not testbed:
         raise RunError("verify_top needs a cluster spec or a testbed size")
+    P = [c["placement"] for c in candidates]
+    for p in P:
+        check_placement(traced.graph, p, spec or ClusterSpec.for_workers(["localhost:0"] * testbed,
+                                                                          testbed_device))
 
-    def run_all(sp):
-        for p in [c[1] for c in chosen]:
-            check_placement(traced.graph, p, sp)  # refuse bad ones before anything runs
-        rows = []
-        for rank, p, pred in chosen:
-            m = measure(traced, p, sp, warmup=warmup, steps=steps, timeout_s=timeout_s)
-            rows.append({"rank": rank, "predicted_us": pred, "measured_us": m.step_us,
-                         "error_pct": 100.0 * (pred - m.step_us) / m.step_us, "placement": p})
-        return sorted(rows, key=lambda r: r["measured_us"])
+    def run(sp):
+        return measure_interleaved(traced, P, sp, rounds=rounds, steps=steps, warmup=warmup,
+                                   timeout_s=timeout_s, log=log)
 
     if spec is not None:
-        return run_all(spec)
-    from .testbed import Testbed
+        reps = run(spec)
+    else:
+        from .testbed import Testbed
 
-    with Testbed.start(testbed, device=testbed_device) as tb:
-        return run_all(tb.spec)
+        with Testbed.start(testbed, device=testbed_device, timeout_s=timeout_s) as tb:
+            reps = run(tb.spec)
+    rows, first = [], {}
+    for i, (c, m) in enumerate(zip(candidates, reps)):
+        row = {k: v for k, v in c.items() if k != "placement"}
+        j = first.setdefault(np.asarray(P[i], np.int32).tobytes(), i)
+        if j != i:
+            row["same_as"] = candidates[j]["label"]  # measured once, reported for both
+        row.update(m.to_dict())
+        row["error_pct"] = 100.0 * (c["predicted_us"] - m.step_us) / m.step_us
+        rows.append(row)
+    out = judge(rows)
+    out["placements"] = P
+    return out
+
+
+def judge(rows: list[dict]) -> dict:
+    """Which measured placement to recommend, and whether the search's gain is real.
+
+    ``rows``: ``source``, ``label``, ``predicted_us``, ``measured_us``, ``spread_pct``.
+    The recommendation is the measured best, except when that is a search placement
+    whose lead over the best baseline is within the noise floor (the larger spread of
+    the two): then the baseline is recommended, since hardware does not confirm the
+    simulated gain. ``confirmed`` says whether a search placement is measurably faster
+    than every baseline. Returns {rows, recommended (index), confirmed, gain_pct
+    (measured gain of the best search placement over the best baseline, % of the
+    baseline), noise_floor_pct (median spread), message}.
+    """
+    if not rows:
+        raise ValueError("nothing was measured")
+    meas = np.array([r["measured_us"] for r in rows])
+    is_search = np.array([r["source"] == "search" for r in rows])
+    best = int(np.argmin(meas))
+    noise = float(np.median([r["spread_pct"] for r in rows]))
+    out = {"rows": rows, "recommended": best, "confirmed": False, "gain_pct": None,
+           "noise_floor_pct": noise}
+    if not is_search.any() or is_search.all():
+        out["message"] = f"measured best: {rows[best]['label']}"
+        return out
+    s = int(np.flatnonzero(is_search)[np.argmin(meas[is_search])])
+    b = int(np.flatnonzero(~is_search)[np.argmin(meas[~is_search])])
+    gain = 100.0 * (meas[b] - meas[s]) / meas[b]
+    floor = max(rows[s]["spread_pct"], rows[b]["spread_pct"])
+    out["gain_pct"] = float(gain)
+    best_pred = int(np.flatnonzero(is_search)[np.argmin([rows[i]["predicted_us"] for i in np.flatnonzero(is_search)])])
+    sim_gain = 100.0 * (rows[b]["predicted_us"] - rows[best_pred]["predicted_us"]) / rows[b]["predicted_us"]
+    same = rows[s].get("same_as") == rows[b]["label"] or rows[b].get("same_as") == rows[s]["label"]
+    if same:
+        out["recommended"] = b
+        out["message"] = (f"the search's best measured placement is the {rows[b]['label']} placement itself; "
+                          f"recommending {rows[b]['label']}")
+    elif gain > floor:
+        out["confirmed"] = True
+        out["recommended"] = s
+        out["message"] = (f"confirmed on hardware: {rows[s]['label']} measured {gain:.1f}% faster than "
+                          f"{rows[b]['label']} (noise floor {floor:.1f}%)")
+    else:
+        out["recommended"] = b
+        what = "slower than" if gain < -floor else "no faster than"
+        out["message"] = (f"NOT confirmed on hardware: predicted {sim_gain:.1f}% faster than "
+                          f"{rows[b]['label']}, the search's best placement measured {what} it "
+                          f"(gain {gain:+.1f}%, noise floor {floor:.1f}%); recommending {rows[b]['label']}")
+    return out

@@ -1,6 +1,6 @@
 """The placement papers' benchmark models, built in Keras, and the bundled graph files.
 
-Regenerate every bundled graph (``data/graphs/NAME.npz``) with::
+Regenerate every bundled graph (``data/graphs/NAME.npz``, see :mod:`.regenerate`) with::
 
     python -m placetool.costmodel.tf.zoo --all            # or: python -m placetool.costmodel.tf.zoo NAME ...
 
@@ -14,9 +14,7 @@ LSTMs are unrolled (``unroll=True``) so the graph has no While loops.
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -39,12 +37,9 @@ class ZooSpec:
 
 
 def _keras():
-    from .importer import _tf
+    from .session import import_keras
 
-    _tf()
-    import keras
-
-    return keras
+    return import_keras()
 
 
 def _sparse_ce():
@@ -270,39 +265,9 @@ ZOO: dict[str, ZooSpec] = {
 BUNDLED = [n for n in ZOO if n != "mlp"]
 
 
-def generate(name: str, out_dir=None, **kw):
-    """Trace zoo model NAME in train mode and save it; returns (graph, seconds)."""
-    from placetool.costmodel.presets import data_dir
-
-    from .importer import import_graph
-
-    t = time.perf_counter()
-    g = import_graph(name, mode="train", **kw)
-    secs = time.perf_counter() - t
-    g.meta["import_seconds"] = round(secs, 2)
-    out = (out_dir or data_dir() / "graphs")
-    g.save(f"{out}/{name}.npz")
-    return g, secs
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m placetool.costmodel.tf.zoo", description=__doc__.split("\n")[0])
-    ap.add_argument("names", nargs="*", help=f"zoo names ({', '.join(ZOO)})")
-    ap.add_argument("--all", action="store_true", help="every bundled graph, smallest first")
-    ap.add_argument("--out-dir", default=None, help="folder (default data/graphs)")
-    a = ap.parse_args(argv)
-    names = BUNDLED if a.all else a.names
-    if not names:
-        ap.error("give zoo names or --all")
-    for n in names:
-        if n not in ZOO:
-            ap.error(f"unknown zoo model {n!r} (known: {', '.join(ZOO)})")
-    for n in names:
-        g, secs = generate(n, a.out_dir)
-        print(f"{n}: {g.n_ops} ops, {g.n_edges} edges, {g.n_groups} groups, "
-              f"{g.flops.sum() / 1e9:.1f} GFLOP, {secs:.1f} s", flush=True)
-    return 0
-
-
 if __name__ == "__main__":
+    # the regeneration script imports the importer, which imports this module: keep the
+    # library's imports one-way (importer -> zoo) and run the script from its own module
+    from placetool.costmodel.tf.regenerate import main
+
     sys.exit(main())
