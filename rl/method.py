@@ -30,7 +30,7 @@ DEFAULT_BUDGET = Budget(seconds=120.0)
 _POLICY_KNOBS = {"hidden", "max_groups", "n_groups", "tanh_c", "temperature", "layers", "heads"}
 
 
-@register("rl")
+@register("rl", budget=DEFAULT_BUDGET, summary="REINFORCE placement policies (TensorFlow; see `placetool rl`)")
 def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None, logdir=None,
        warm_start: bool = True, **options):
     """REINFORCE with a seq2seq / hierarchical / GDP policy; metadata says what it learnt."""

@@ -21,12 +21,7 @@ import time
 
 import numpy as np
 
-from .base import BudgetExhausted, SearchError, get, register
-
-#: cheap methods whose placements seed sa and tpe (those not registered are skipped)
-DEFAULT_SEEDS = ("single", "round-robin", "expert", "m-etf", "heft", "critical-path", "m-topo", "metis",
-                 "m-sct", "mincut")
-
+from .base import BudgetExhausted, SearchError, get, register, seed_methods
 
 def objective(step, feasible, peak, capacity) -> np.ndarray:
     """What annealing minimises: the step time, or a penalised one over memory."""
@@ -36,57 +31,38 @@ def objective(step, feasible, peak, capacity) -> np.ndarray:
     return np.where(feasible, step, step * (1.5 + over))
 
 
-class _Recorder:
-    """Forwards to the real tracker, keeping every assignment a seeding method scored.
-
-    Iterative methods see the budget as spent once the seeding time is up; a one-shot
-    method that has started may still score its answer (within the real budget)."""
-
-    def __init__(self, tracker, deadline):
-        self._t = tracker
-        self._deadline = deadline
-        self.rows = []
-
-    def __getattr__(self, name):
-        return getattr(self._t, name)
-
-    def done(self):
-        return self._t.done() or time.perf_counter() > self._deadline
-
-    def evaluate(self, assignments):
-        r = self._t.evaluate(assignments)
-        self.rows.append(r)
-        return r
-
-
-def seed_assignments(problem, budget, seed, tracker, names=DEFAULT_SEEDS, share=0.4):
-    """Run the cheap seeding methods through ``tracker``; returns ([(objective, name,
+def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
+    """Run the seeding methods (default: every method registered with a ``seed``
+    position, cheapest first) through ``tracker``; returns ([(objective, name,
     assignment)] best first, skipped names). Methods that are not registered, or fail,
-    are skipped; none starts after ``share`` of a time budget is spent."""
+    are skipped. They share ``share`` of a time budget (60 s under an evaluation budget):
+    none starts after it is spent and iterative ones stop, but a one-shot method that
+    finishes late still has its answer scored and kept."""
     cap = problem.cost_model.capacity
+    names = seed_methods() if names is None else tuple(names)
     limit = budget.seconds * share if budget.seconds else 60.0
-    deadline = time.perf_counter() + limit
     out, skipped = [], []
-    for name in names:
-        if tracker.done() or time.perf_counter() > deadline:
-            break
-        try:
-            fn = get(name)
-        except (SearchError, ImportError):
-            skipped.append(name)
-            continue
-        rec = _Recorder(tracker, deadline)
-        try:
-            fn(problem, budget, seed, rec)
-        except BudgetExhausted:
-            pass
-        except Exception as e:  # a broken seeding method must not sink the search
-            skipped.append(f"{name} ({type(e).__name__})")
-        for r in rec.rows:
-            obj = objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap)
-            for i in range(len(r.assignments)):
-                if np.isfinite(obj[i]):
-                    out.append((float(obj[i]), name, np.array(r.assignments[i], np.int32)))
+    with tracker.sub_budget(limit) as rows:
+        for name in names:
+            if tracker.done():
+                break
+            try:
+                fn = get(name)
+            except (SearchError, ImportError):
+                skipped.append(name)
+                continue
+            n0 = len(rows)
+            try:
+                fn(problem, budget, seed, tracker)
+            except BudgetExhausted:
+                pass
+            except Exception as e:  # a broken seeding method must not sink the search
+                skipped.append(f"{name} ({type(e).__name__})")
+            for r in rows[n0:]:
+                obj = objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap)
+                for i in range(len(r.assignments)):
+                    if np.isfinite(obj[i]):
+                        out.append((float(obj[i]), name, np.array(r.assignments[i], np.int32)))
     if not out and not tracker.done():
         # nothing registered ran: fall back to every group on its first allowed GPU/device
         a = np.argmax(problem.allowed, axis=1).astype(np.int32)
@@ -99,7 +75,7 @@ def seed_assignments(problem, budget, seed, tracker, names=DEFAULT_SEEDS, share=
 @register("sa")
 def anneal(problem, budget, seed, tracker, mode: str = "incremental", batch: int = 8, swap: float = 0.1,
            accept_start: float = 0.05, accept_end: float = 0.001, window: int = 50, patience: int | None = None,
-           seeds=DEFAULT_SEEDS, checkpoints: int | None = None):
+           seeds=None, checkpoints: int | None = None):
     """Simulated annealing (see the module docstring); returns metadata."""
     if mode not in ("incremental", "batch"):
         raise SearchError(f"sa: mode must be 'incremental' or 'batch', got {mode!r}")
@@ -108,7 +84,7 @@ def anneal(problem, budget, seed, tracker, mode: str = "incremental", batch: int
     cap = cm.capacity
     allowed = problem.allowed
     movable = np.flatnonzero(allowed.sum(axis=1) >= 2)
-    seeds_, skipped = seed_assignments(problem, budget, seed, tracker, names=tuple(seeds or ()))
+    seeds_, skipped = seed_assignments(problem, budget, seed, tracker, names=seeds)
     meta = {"mode": mode, "seeds": list(dict.fromkeys(n for _, n, _ in seeds_)), "skipped_seeds": skipped,
             "proposals": 0, "accepted": 0, "restarts": 0}
     if movable.size == 0 or not seeds_:

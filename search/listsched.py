@@ -479,7 +479,7 @@ def _schedule_variants(problem, tracker, schedule) -> dict:
 
 
 # ------------------------------------------------------------------ methods
-@register("heft")
+@register("heft", seed=4)
 def heft(problem, budget, seed, tracker, insertion: bool = True):
     """HEFT: upward-rank order, earliest-finish-time device, insertion into idle gaps."""
 
@@ -490,7 +490,7 @@ def heft(problem, budget, seed, tracker, insertion: bool = True):
     return _schedule_variants(problem, tracker, schedule)
 
 
-@register("critical-path")
+@register("critical-path", seed=5)
 def critical_path(problem, budget, seed, tracker):
     """CPOP: critical-path ops on the device that runs the whole path fastest, the rest
     by earliest finish time, in order of upward + downward rank."""
@@ -515,7 +515,7 @@ def critical_path(problem, budget, seed, tracker):
     return _schedule_variants(problem, tracker, schedule)
 
 
-@register("m-topo")
+@register("m-topo", seed=6)
 def m_topo(problem, budget, seed, tracker):
     """m-TOPO: in topological order, fill one GPU after another with about 1/n of the
     compute each, moving on early when a GPU's memory is full."""
@@ -553,7 +553,7 @@ def m_topo(problem, budget, seed, tracker):
     return {"share_us": float(share), "memory_fallbacks": int(fallbacks)}
 
 
-@register("m-etf")
+@register("m-etf", seed=3)
 def m_etf(problem, budget, seed, tracker):
     """m-ETF: earliest task first under device memory."""
 
@@ -666,7 +666,7 @@ def sct_favourite_children(data, time_limit: float = 60.0, window: int = 2500):
     return fav, message
 
 
-@register("m-sct")
+@register("m-sct", seed=8)
 def m_sct(problem, budget, seed, tracker, lp_seconds: float | None = None):
     """m-SCT: ETF under memory, favourite children (SCT LP, SciPy/HiGHS) on their
     parent's device."""
