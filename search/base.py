@@ -89,8 +89,17 @@ class Problem:
         u = rng.random((self.n_groups, self.n_devices)) * self.allowed
         return np.argmax(u, axis=1).astype(np.int32)
 
+    def lower_bounds(self) -> dict:
+        """The lower bounds of :func:`placetool.search.bounds.lower_bound` (µs), computed once."""
+        if getattr(self, "_bounds", None) is None:
+            from .bounds import lower_bound
+
+            self._bounds = lower_bound(self)
+        return self._bounds
+
     def lower_bound_us(self) -> float:
-        return self.cost_model.lower_bound_us()
+        """The best lower bound on the step time of any placement (µs)."""
+        return self.lower_bounds()["best"]
 
 
 # ------------------------------------------------------------------ budget
@@ -397,6 +406,6 @@ def run(name: str, problem: Problem, budget: Budget, seed: int = 0,
         seconds=tracker.seconds,
         lower_bound_us=problem.lower_bound_us(),
         history=tracker.history,
-        metadata=dict(meta or {}),
+        metadata={**dict(meta or {}), "lower_bounds_us": problem.lower_bounds()},
         top=list(tracker.top),
     )
