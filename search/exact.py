@@ -9,13 +9,15 @@ without changing anything (same op times, memory and links) are interchangeable:
 the first unused one of a class is tried, which removes their permutations.
 
 The bound of a partial assignment is the largest of: the problem's lower bound
-(:mod:`placetool.search.bounds`); the longest path in which a fixed op takes its time on
-its device, a free op its time on the fastest device it may use, and an edge between
-two fixed ops on different devices costs latency + bytes / bandwidth; the busiest
-device's fixed work; and all fixed work plus every free group's fastest time, over the
-devices. Each ignores queueing, so completions can only be slower.
+(:mod:`placetool.search.bounds`); the earliest the last op can end with unlimited
+devices, fixed ops on their devices, free ops on whichever device ends them first, and
+every transfer between devices paying latency + bytes / bandwidth (see
+:func:`partial_bound`); the busiest device's fixed work; and all fixed work plus every
+free group's fastest time, over the devices. Each ignores queueing, so completions can
+only be slower.
 
-The search starts from the best seeding placement. When the budget ends first the
+The search starts from the best placement of a short ``sa`` run (``incumbent_share`` of
+a time budget; the seeding methods alone under an evaluation budget). When the budget ends first the
 result is the best placement seen with a proven gap: ``metadata["status"]`` is
 ``optimal`` or ``feasible``, ``metadata["bound_us"]`` the proven lower bound and
 ``metadata["gap"]`` = best / bound - 1. Meant for a few dozen groups: the tree grows
@@ -28,36 +30,56 @@ import numpy as np
 from numba import njit
 
 from .annealing import seed_assignments
-from .base import Budget, BudgetExhausted, register
+from .base import Budget, BudgetExhausted, get, register
 
 
 @njit(cache=True)
-def partial_bound(gdev, group, T, tmin, topo_order, src_ptr, dst, nbytes, ctrl, lat, bw, D):
-    """Lower bound on the step time of every completion of ``gdev`` (-1 = free group)."""
+def partial_bound(gdev, group, T, topo_order, src_ptr, dst, nbytes, ctrl, lat, bw, D):
+    """Lower bound on the step time of every completion of ``gdev`` (-1 = free group).
+
+    ``F[v, d]``, the earliest v can end on device d with unlimited devices (inf where v
+    may not go: no kernel, or its group is fixed elsewhere), is a dynamic programme over
+    the topological order: an input from u arrives at min over d' of F[u, d'] plus the
+    transfer from d' to d. The bound is the latest op's best F, or the busiest device's
+    fixed work, or all work (free ops on their fastest device) over the devices.
+    """
     n = T.shape[0]
-    head = np.zeros(n)
+    F = np.full((n, D), np.inf)
+    ready = np.zeros((n, D))
     best = 0.0
     load = np.zeros(D)
     free_work = 0.0
     for k in range(n):
         v = topo_order[k]
         dv = gdev[group[v]]
-        w = T[v, dv] if dv >= 0 else tmin[v]
+        fmin = np.inf
+        tmin = np.inf
+        for d in range(D):
+            if (dv >= 0 and d != dv) or not np.isfinite(T[v, d]):
+                continue
+            F[v, d] = ready[v, d] + T[v, d]
+            if F[v, d] < fmin:
+                fmin = F[v, d]
+            if T[v, d] < tmin:
+                tmin = T[v, d]
         if dv >= 0:
-            load[dv] += w
+            load[dv] += T[v, dv]
         else:
-            free_work += w
-        f = head[v] + w
-        if f > best:
-            best = f
+            free_work += tmin
+        if fmin > best:
+            best = fmin
         for e in range(src_ptr[v], src_ptr[v + 1]):
             u = dst[e]
-            c = 0.0
-            du = gdev[group[u]]
-            if dv >= 0 and du >= 0 and du != dv and not ctrl[e]:
-                c = lat[dv, du] + nbytes[e] / bw[dv, du]
-            if f + c > head[u]:
-                head[u] = f + c
+            for d in range(D):
+                a = np.inf
+                for d2 in range(D):
+                    f = F[v, d2]
+                    if d2 != d and not ctrl[e]:
+                        f += lat[d2, d] + nbytes[e] / bw[d2, d]
+                    if f < a:
+                        a = f
+                if a > ready[u, d]:
+                    ready[u, d] = a
     total = free_work
     for d in range(D):
         total += load[d]
@@ -93,18 +115,27 @@ def device_classes(problem) -> np.ndarray:
 
 
 @register("exact", budget=Budget(seconds=60.0))
-def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None):
+def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, incumbent_share: float = 0.2):
     """Branch and bound over group assignments: optimal, or the best with a proven gap."""
     cm, g = problem.cost_model, problem.graph
     G, D = problem.n_groups, problem.n_devices
     cap = cm.capacity
-    seeds_, _ = seed_assignments(problem, budget, seed, tracker, names=seeds, share=0.1)
-    inc = min((o for o, _, _ in seeds_), default=np.inf)
     meta = {"status": "feasible", "nodes": 0, "pruned": 0, "leaves": 0}
+    # a good first incumbent prunes most of the tree: the seeding methods, then (under a
+    # time budget) a short annealing run from the best of them
+    if budget.seconds and incumbent_share > 0:
+        with tracker.sub_budget(budget.seconds * incumbent_share):
+            try:
+                get("sa")(problem, budget, seed, tracker, seeds=seeds)
+            except BudgetExhausted:
+                pass
+    else:
+        seed_assignments(problem, budget, seed, tracker, names=seeds, share=0.1)
+    inc = tracker.best_step_us if tracker.best_feasible else np.inf
+    meta["incumbent_us"] = float(inc)
 
     # op arrays for the bound
     T = np.ascontiguousarray(np.where(problem.allowed[g.group], cm.T, np.inf))
-    tmin = T.min(axis=1)
     order = np.ascontiguousarray(g.topo_order, np.int64)
     data = g.edge_tensor >= 0
     o = np.argsort(g.edge_src, kind="stable")
@@ -118,7 +149,7 @@ def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None):
     root = problem.lower_bound_us()
 
     def bound(gdev):
-        return max(root, partial_bound(gdev, group, T, tmin, order, src_ptr, dst, nbytes, ctrl, lat, bw, D))
+        return max(root, partial_bound(gdev, group, T, order, src_ptr, dst, nbytes, ctrl, lat, bw, D))
 
     first = np.full(G, np.iinfo(np.int64).max, np.int64)
     np.minimum.at(first, g.group, g.topo_rank.astype(np.int64))

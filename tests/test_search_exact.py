@@ -79,12 +79,11 @@ def test_exact_reports_a_gap_when_the_budget_ends_first():
         assert m["gap"] == pytest.approx(r.step_time_us / m["bound_us"] - 1)
 
 
-@pytest.mark.parametrize("n,devices,seed", [(12, 3, 0), (16, 2, 1), (24, 2, 2), (40, 2, 3)])
+@pytest.mark.parametrize("n,devices,seed", [(12, 3, 0), (16, 2, 1), (16, 3, 4)])
 def test_sa_and_tpe_reach_the_proven_optimum(n, devices, seed):
     p = random_problem(n, devices, seed, latency=5.0, bandwidth=20.0, hetero=True)
     ex = run("exact", p, Budget(seconds=60), seed=0)
-    if ex.metadata["status"] != "optimal":
-        pytest.skip(f"exact found no proof within its budget (gap {ex.metadata['gap']:.1%})")
-    for method in ("sa", "tpe"):
-        r = run(method, p, Budget(evals=3000), seed=0)
+    assert ex.metadata["status"] == "optimal", ex.metadata
+    for method, evals in (("sa", 1500), ("tpe", 300)):
+        r = run(method, p, Budget(evals=evals), seed=0)
         assert r.step_time_us <= ex.step_time_us * 1.02, method
