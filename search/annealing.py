@@ -7,10 +7,11 @@ one device, move a critical group to a neighbour's device, put a run of critical
 on one device, move a critical group off the busiest device, swap one with a group
 elsewhere); the rest move one random group to another device it may use (or, with
 probability ``swap``, exchange the devices of two groups). ``moves="random"`` uses only
-the latter. With ``mode="batch"`` (the default) ``batch`` neighbours are scored together
-by the parallel batch simulator; with ``mode="incremental"`` one by one by the
-incremental simulator (:mod:`placetool.costmodel.incremental`, exact, re-simulates only
-from the first event a move changes). The best neighbour of a batch faces the
+the latter. ``batch`` neighbours are proposed at a time; with ``mode="incremental"``
+(the default, about twice the evaluations per second on inception_v3) the incremental
+simulator scores them one by one (:mod:`placetool.costmodel.incremental`, exact,
+re-simulates only from the first event a move changes), with ``mode="batch"`` the
+parallel batch simulator scores them together. The best neighbour of a batch faces the
 Metropolis rule; the path is traced again after each accepted move. The
 temperature is relative (an uphill step of ``x`` times the current step time is taken
 with probability ``exp(-x / T)``) and adapts to keep the uphill acceptance rate near a target
@@ -81,7 +82,7 @@ def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
 
 
 @register("sa")
-def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = "batch", batch: int = 8,
+def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = "incremental", batch: int = 8,
            guided: float = 0.7, swap: float = 0.1, accept_start: float = 0.05, accept_end: float = 0.001,
            window: int = 50, patience: int | None = None, seeds=None, checkpoints: int | None = None):
     """Simulated annealing with moves aimed at the simulated critical path (see the
