@@ -12,34 +12,50 @@ from .common import (check_writable, cluster_option, emit_json, fmt_us, graph_op
                      json_option, load_problem, progress, write_json)
 
 DEFAULT_METHOD = "sa"
-DEFAULT_SECONDS = 20.0
 #: baselines printed beside the result with --compare
 COMPARE_WITH = ("single", "expert")
 
 
-def _method_doc(name: str) -> str:
-    """First line of a method's docstring; never imports TensorFlow (rl is named only)."""
-    from placetool import search
-
-    if name == "rl":
-        return "REINFORCE placement policies (TensorFlow; see `placetool rl`)"
-    try:
-        fn = search.get(name)
-    except Exception as e:  # noqa: BLE001 - a method whose module is missing or broken
-        return f"(unavailable: {type(e).__name__}: {e})"
-    para = (inspect.getdoc(fn) or "").split("\n\n")[0].replace("\n", " ")
-    return para.split(". ")[0].rstrip(".")
+def _budget_text(b) -> str:
+    parts = ([f"{b.seconds:g} s"] if b.seconds else []) + ([f"{b.evals} evals"] if b.evals else [])
+    return ", ".join(parts)
 
 
 def _list_methods(as_json: bool) -> None:
     from placetool import search
 
-    names = search.methods()
+    t = search.table()
     if as_json:
-        emit_json({"methods": {n: _method_doc(n) for n in names}})
+        emit_json({"methods": {n: {"summary": i.summary, "module": i.module,
+                                   "default_budget": {"evals": i.budget.evals, "seconds": i.budget.seconds},
+                                   "seed": i.seed is not None} for n, i in t.items()}})
         return
-    for n in names:
-        click.echo(f"{n:<14} {_method_doc(n)}")
+    for n, i in t.items():
+        click.echo(f"{n:<14} {i.summary} [{_budget_text(i.budget)}{'; seeds sa/tpe/rl' if i.seed is not None else ''}]")
+
+
+def _parse_options(pairs) -> dict:
+    """``--option KEY=VALUE`` pairs as keyword options: numbers, true/false and none
+    are read as such, anything else stays a string."""
+    import ast
+
+    from placetool.search import SearchError
+
+    out = {}
+    for pair in pairs:
+        key, eq, text = pair.partition("=")
+        if not eq or not key.strip():
+            raise SearchError(f"--option {pair!r}: expected KEY=VALUE (e.g. --option links=ideal)")
+        low = text.strip().lower()
+        if low in ("true", "false", "none"):
+            value = {"true": True, "false": False, "none": None}[low]
+        else:
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                value = text
+        out[key.strip().replace("-", "_")] = value
+    return out
 
 
 def _method_options(fn, name: str, given: dict) -> dict:
@@ -93,7 +109,7 @@ class _Bar:
 @click.option("--list", "list_only", is_flag=True, help="List the methods and exit.")
 @click.option("--budget-evals", type=int, default=None, help="Stop after this many simulated placements.")
 @click.option("--budget-seconds", type=float, default=None,
-              help=f"Stop after this many seconds (default {DEFAULT_SECONDS:g} when no budget is given).")
+              help="Stop after this many seconds (default: the method's own, see --list).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed: same seed, same answer.")
 @click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
               help="Write the best placement as JSON (op -> device).")
@@ -101,6 +117,8 @@ class _Bar:
 @json_option
 @click.option("--compare", "--baseline", "compare", is_flag=True,
               help=f"Also run {', '.join(COMPARE_WITH)} and print them beside the result.")
+@click.option("--option", "-o", "method_opts", multiple=True, metavar="KEY=VALUE",
+              help="A method option, repeatable (e.g. -m m-etf -o links=ideal).")
 @click.option("--storage", default=None, help="tpe: Optuna storage URL (e.g. sqlite:///study.db) to persist/share a study.")
 @click.option("--policy", default=None, help="rl: policy name.")
 @click.option("--init-from", "init_from", type=click.Path(), default=None, help="rl: start from a saved policy.")
@@ -115,7 +133,7 @@ class _Bar:
 @click.option("--progress/--no-progress", "show_progress", default=True,
               help="Progress bar on stderr (only on a terminal).")
 def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed, out, profile, as_json,
-           compare, storage, policy, init_from, logdir, verify_top, testbed_n, cluster_spec, local,
+           compare, method_opts, storage, policy, init_from, logdir, verify_top, testbed_n, cluster_spec, local,
            show_progress):
     """Search a placement of GRAPH on CLUSTER with METHOD within a budget.
 
@@ -128,18 +146,15 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     if list_only or method == "list":
         _list_methods(as_json)
         return
-    try:
-        fn = S.get(method)  # unknown method: SearchError before any loading
-    except ImportError as e:
-        raise S.SearchError(f"method {method!r} is not available here ({e})") from None
+    facts = S.info(method)  # unknown method: SearchError before any loading
+    fn = facts.fn
     if budget_evals is None and budget_seconds is None:
-        # a method may ask for its own default (rl needs longer than a one-shot heuristic)
-        default = getattr(sys.modules[fn.__module__], "DEFAULT_BUDGET", None)
-        budget = default or S.Budget(seconds=DEFAULT_SECONDS)
+        budget = facts.budget
     else:
         budget = S.Budget(evals=budget_evals, seconds=budget_seconds)
     given = {k: v for k, v in dict(storage=storage, policy=policy, init_from=init_from, logdir=logdir).items()
              if v is not None}
+    given.update(_parse_options(method_opts))
     options = _method_options(fn, method, given)
     check_writable(out)
 

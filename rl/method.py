@@ -30,7 +30,7 @@ DEFAULT_BUDGET = Budget(seconds=120.0)
 _POLICY_KNOBS = {"hidden", "max_groups", "n_groups", "tanh_c", "temperature", "layers", "heads"}
 
 
-@register("rl")
+@register("rl", budget=DEFAULT_BUDGET, summary="REINFORCE placement policies (TensorFlow; see `placetool rl`)")
 def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None, logdir=None,
        warm_start: bool = True, **options):
     """REINFORCE with a seq2seq / hierarchical / GDP policy; metadata says what it learnt."""
@@ -82,7 +82,7 @@ def _warm_start(pol, problem, budget, seed, tracker):
     """Residual tables that start the policy near the best cheap placement.
 
     Like ``sa`` and ``tpe``, the cheap baselines and list schedulers registered in
-    :data:`placetool.search.annealing.DEFAULT_SEEDS` are scored first (through the tracker, so they
+    :func:`placetool.search.seed_methods` are scored first (through the tracker, so they
     count against the budget, with at most 20% of a time budget); each atom's device is
     the most common device of its groups in the best of them. Returns (tables or None,
     name of the seed used or None).

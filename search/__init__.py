@@ -1,30 +1,15 @@
-"""Placement search: baselines, partitioners, list schedulers, annealing, TPE (and RL).
+"""Placement search: baselines, partitioners, list schedulers, annealing, TPE, exact (and RL).
 
-Every method is reached by name through one registry::
+Every method is reached by name through one registry; each method's module declares
+its facts (summary, default budget, whether sa/tpe/rl start from it) where it
+registers it, and :func:`table` lists them::
 
     from placetool.search import Problem, Budget, run, methods
     result = run("sa", Problem(cost_model), Budget(seconds=10), seed=0)
 """
 
-from .base import (Budget, BudgetExhausted, Problem, SearchError, SearchResult, Tracker, get,
-                   methods, register, register_lazy, run)
-from . import baselines  # noqa: F401  (registers single, round-robin, random)
+from .base import (DEFAULT_BUDGET, Budget, BudgetExhausted, MethodInfo, Problem, SearchError, SearchResult,
+                   Tracker, get, info, methods, register, run, seed_methods, table)
 
-# Methods whose modules load on first use (heavy imports, or TensorFlow).
-for _name, _module in {
-    "expert": "placetool.search.expert",
-    "metis": "placetool.search.partition",
-    "mincut": "placetool.search.partition",
-    "heft": "placetool.search.listsched",
-    "m-topo": "placetool.search.listsched",
-    "m-etf": "placetool.search.listsched",
-    "m-sct": "placetool.search.listsched",
-    "critical-path": "placetool.search.listsched",
-    "sa": "placetool.search.annealing",
-    "tpe": "placetool.search.tpe",
-    "rl": "placetool.rl.method",
-}.items():
-    register_lazy(_name, _module)
-
-__all__ = ["Budget", "BudgetExhausted", "Problem", "SearchError", "SearchResult", "Tracker", "get",
-           "methods", "register", "register_lazy", "run"]
+__all__ = ["DEFAULT_BUDGET", "Budget", "BudgetExhausted", "MethodInfo", "Problem", "SearchError", "SearchResult",
+           "Tracker", "get", "info", "methods", "register", "run", "seed_methods", "table"]

@@ -1,32 +1,36 @@
-"""``sa``: simulated annealing over group assignments.
+"""``sa``: simulated annealing over group assignments, guided by the critical path.
 
-A neighbour moves one group to another device it may use (or, with probability
-``swap``, exchanges the devices of two groups). Moves are scored by the incremental
-simulator (:mod:`placetool.costmodel.incremental`: re-simulates only from the first event a move
-changes, exact) or, with ``mode="batch"``, ``batch`` neighbours at a time by the
-parallel batch simulator, the best of which faces the Metropolis rule. The
+With ``moves="critical"`` (the default) a share ``guided`` of the neighbours comes from
+the simulated critical path of the current placement
+(:class:`placetool.search.critical.CriticalMoves`: pull a transfer on the path onto
+one device, move a critical group to a neighbour's device, put a run of critical groups
+on one device, move a critical group off the busiest device, swap one with a group
+elsewhere); the rest move one random group to another device it may use (or, with
+probability ``swap``, exchange the devices of two groups). ``moves="random"`` uses only
+the latter. ``batch`` neighbours are proposed at a time; with ``mode="incremental"``
+(the default, about twice the evaluations per second on inception_v3) the incremental
+simulator scores them one by one (:mod:`placetool.costmodel.incremental`, exact,
+re-simulates only from the first event a move changes), with ``mode="batch"`` the
+parallel batch simulator scores them together. The best neighbour of a batch faces the
+Metropolis rule; the path is traced again after each accepted move. The
 temperature is relative (an uphill step of ``x`` times the current step time is taken
 with probability ``exp(-x / T)``) and adapts to keep the uphill acceptance rate near a target
 that falls from ``accept_start`` to ``accept_end`` over the budget. Runs start from the
-best of the cheap baselines and list schedulers that are registered (``seeds``) and
-restart, re-heated, from the best placement seen or the next seed when a run stops
-improving. Out-of-memory placements score ``step * (1.5 + overflow fraction)``, so they
-can be crossed but are never preferred; the tracker reports the best feasible one.
+best placement of the seeding methods (every baseline and list scheduler registered with
+a seed position) and restart, re-heated, from the best placement seen or the next seed
+when a run stops improving. Out-of-memory placements score ``step * (1.5 + overflow
+fraction)``, so they can be crossed but are never preferred; the tracker reports the
+best feasible one.
 """
 
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 
-from .base import BudgetExhausted, SearchError, get, register
-
-#: cheap methods whose placements seed sa and tpe (those not registered are skipped)
-DEFAULT_SEEDS = ("single", "round-robin", "expert", "m-etf", "heft", "critical-path", "m-topo", "metis",
-                 "m-sct", "mincut")
-
+from .base import BudgetExhausted, SearchError, get, register, seed_methods
+from .critical import CriticalMoves, CriticalPath
 
 def objective(step, feasible, peak, capacity) -> np.ndarray:
     """What annealing minimises: the step time, or a penalised one over memory."""
@@ -36,57 +40,38 @@ def objective(step, feasible, peak, capacity) -> np.ndarray:
     return np.where(feasible, step, step * (1.5 + over))
 
 
-class _Recorder:
-    """Forwards to the real tracker, keeping every assignment a seeding method scored.
-
-    Iterative methods see the budget as spent once the seeding time is up; a one-shot
-    method that has started may still score its answer (within the real budget)."""
-
-    def __init__(self, tracker, deadline):
-        self._t = tracker
-        self._deadline = deadline
-        self.rows = []
-
-    def __getattr__(self, name):
-        return getattr(self._t, name)
-
-    def done(self):
-        return self._t.done() or time.perf_counter() > self._deadline
-
-    def evaluate(self, assignments):
-        r = self._t.evaluate(assignments)
-        self.rows.append(r)
-        return r
-
-
-def seed_assignments(problem, budget, seed, tracker, names=DEFAULT_SEEDS, share=0.4):
-    """Run the cheap seeding methods through ``tracker``; returns ([(objective, name,
+def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
+    """Run the seeding methods (default: every method registered with a ``seed``
+    position, cheapest first) through ``tracker``; returns ([(objective, name,
     assignment)] best first, skipped names). Methods that are not registered, or fail,
-    are skipped; none starts after ``share`` of a time budget is spent."""
+    are skipped. They share ``share`` of a time budget (60 s under an evaluation budget):
+    none starts after it is spent and iterative ones stop, but a one-shot method that
+    finishes late still has its answer scored and kept."""
     cap = problem.cost_model.capacity
+    names = seed_methods() if names is None else tuple(names)
     limit = budget.seconds * share if budget.seconds else 60.0
-    deadline = time.perf_counter() + limit
     out, skipped = [], []
-    for name in names:
-        if tracker.done() or time.perf_counter() > deadline:
-            break
-        try:
-            fn = get(name)
-        except (SearchError, ImportError):
-            skipped.append(name)
-            continue
-        rec = _Recorder(tracker, deadline)
-        try:
-            fn(problem, budget, seed, rec)
-        except BudgetExhausted:
-            pass
-        except Exception as e:  # a broken seeding method must not sink the search
-            skipped.append(f"{name} ({type(e).__name__})")
-        for r in rec.rows:
-            obj = objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap)
-            for i in range(len(r.assignments)):
-                if np.isfinite(obj[i]):
-                    out.append((float(obj[i]), name, np.array(r.assignments[i], np.int32)))
+    with tracker.sub_budget(limit) as rows:
+        for name in names:
+            if tracker.done():
+                break
+            try:
+                fn = get(name)
+            except (SearchError, ImportError):
+                skipped.append(name)
+                continue
+            n0 = len(rows)
+            try:
+                fn(problem, budget, seed, tracker)
+            except BudgetExhausted:
+                pass
+            except Exception as e:  # a broken seeding method must not sink the search
+                skipped.append(f"{name} ({type(e).__name__})")
+            for r in rows[n0:]:
+                obj = objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap)
+                for i in range(len(r.assignments)):
+                    if np.isfinite(obj[i]):
+                        out.append((float(obj[i]), name, np.array(r.assignments[i], np.int32)))
     if not out and not tracker.done():
         # nothing registered ran: fall back to every group on its first allowed GPU/device
         a = np.argmax(problem.allowed, axis=1).astype(np.int32)
@@ -97,31 +82,37 @@ def seed_assignments(problem, budget, seed, tracker, names=DEFAULT_SEEDS, share=
 
 
 @register("sa")
-def anneal(problem, budget, seed, tracker, mode: str = "incremental", batch: int = 8, swap: float = 0.1,
-           accept_start: float = 0.05, accept_end: float = 0.001, window: int = 50, patience: int | None = None,
-           seeds=DEFAULT_SEEDS, checkpoints: int | None = None):
-    """Simulated annealing (see the module docstring); returns metadata."""
+def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = "incremental", batch: int = 8,
+           guided: float = 0.7, swap: float = 0.1, accept_start: float = 0.05, accept_end: float = 0.001,
+           window: int = 50, patience: int | None = None, seeds=None, checkpoints: int | None = None):
+    """Simulated annealing with moves aimed at the simulated critical path (see the
+    module docstring); returns metadata."""
     if mode not in ("incremental", "batch"):
         raise SearchError(f"sa: mode must be 'incremental' or 'batch', got {mode!r}")
+    if moves not in ("critical", "random"):
+        raise SearchError(f"sa: moves must be 'critical' or 'random', got {moves!r}")
     rng = np.random.default_rng(seed)
     cm = problem.cost_model
     cap = cm.capacity
     allowed = problem.allowed
     movable = np.flatnonzero(allowed.sum(axis=1) >= 2)
-    seeds_, skipped = seed_assignments(problem, budget, seed, tracker, names=tuple(seeds or ()))
-    meta = {"mode": mode, "seeds": list(dict.fromkeys(n for _, n, _ in seeds_)), "skipped_seeds": skipped,
-            "proposals": 0, "accepted": 0, "restarts": 0}
+    seeds_, skipped = seed_assignments(problem, budget, seed, tracker, names=seeds)
+    meta = {"moves": moves, "mode": mode, "seeds": list(dict.fromkeys(n for _, n, _ in seeds_)),
+            "skipped_seeds": skipped, "proposals": 0, "accepted": 0, "restarts": 0,
+            "accepted_by_kind": {}}
     if movable.size == 0 or not seeds_:
         return meta
     patience = patience or max(64, 8 * movable.size)
     ok_lists = [np.flatnonzero(allowed[k]) for k in range(problem.n_groups)]
+    guide = CriticalMoves(problem, rng) if moves == "critical" else None
+    kinds = CriticalMoves.KINDS
 
     def progress():
         if budget.evals is not None:
             return tracker.evaluations / budget.evals
         return tracker.seconds / budget.seconds
 
-    def neighbour(cur):
+    def random_neighbour(cur):
         """(new assignment, moved group or -1 for a swap)."""
         a = cur.copy()
         if rng.random() < swap and movable.size >= 2:
@@ -136,6 +127,17 @@ def anneal(problem, budget, seed, tracker, mode: str = "incremental", batch: int
         a[g] = others[rng.integers(others.size)]
         return a, g
 
+    def neighbour(cur, cp):
+        """(new assignment, moved group or -1, kind of move)."""
+        if guide is not None and cp is not None and rng.random() < guided:
+            kind = kinds[rng.integers(len(kinds))]
+            a = guide.propose(cur, cp, kind)
+            if a is not None:
+                diff = np.flatnonzero(a != cur)
+                return a, (int(diff[0]) if diff.size == 1 else -1), kind
+        a, g = random_neighbour(cur)
+        return a, g, "random"
+
     inc = None
     cur_obj, _, cur = seeds_[0]
     cur = cur.copy()
@@ -143,24 +145,58 @@ def anneal(problem, budget, seed, tracker, mode: str = "incremental", batch: int
         from placetool.costmodel.incremental import IncrementalSimulator
 
         inc = IncrementalSimulator(cm, cur, checkpoints=checkpoints)
+    cp = CriticalPath(cm, cur) if guide is not None else None
+
+    def score(cands, moved):
+        """Objectives of the candidates (all of them counted by the tracker)."""
+        if inc is None:
+            try:
+                r = tracker.evaluate(np.stack(cands))
+            except BudgetExhausted:
+                return np.zeros(0)
+            return objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap)
+        out = []
+        for a, g in zip(cands, moved):
+            if tracker.done():
+                break
+            r = inc.evaluate_move(g, a[g]) if g >= 0 else inc.evaluate(a)
+            tracker.record(a[None, :], np.array([r.step_time_us]), np.array([r.feasible]),
+                           r.peak_memory_bytes[None, :])
+            out.append(objective([r.step_time_us], [r.feasible], r.peak_memory_bytes[None, :], cap)[0])
+        return np.array(out)
+
+    def restart_from(a):
+        nonlocal cp
+        if inc is not None:
+            inc.set_base(a)
+            b = inc.base
+            tracker.record(a[None, :], np.array([b.step_time_us]), np.array([b.feasible]),
+                           b.peak_memory_bytes[None, :])
+            o = float(objective([b.step_time_us], [b.feasible], b.peak_memory_bytes[None, :], cap)[0])
+        else:
+            try:
+                r = tracker.evaluate(a)
+            except BudgetExhausted:
+                return np.inf
+            o = float(objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap)[0])
+        if guide is not None:
+            cp = CriticalPath(cm, a)
+        return o
+
     T = 0.02
     hist = []  # uphill proposals: 1 accepted, 0 rejected (the last ``window``)
     run_best, since_best, next_seed = cur_obj, 0, 1
+    n_batch = 1 if inc is not None and guide is None else batch
 
     while not tracker.done():
-        # ---- propose and score
-        if inc is not None:
-            a, g = neighbour(cur)
-            cand = [a]
-            r = inc.evaluate_move(g, a[g]) if g >= 0 else inc.evaluate(a)
-            tracker.record(cand[0][None, :], np.array([r.step_time_us]), np.array([r.feasible]))
-            objs = objective([r.step_time_us], [r.feasible], r.peak_memory_bytes[None, :], cap)
-        else:
-            n = min(batch, tracker.remaining_evals())
-            cand = [neighbour(cur)[0] for _ in range(n)]
-            r = tracker.evaluate(np.stack(cand))
-            objs = objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap)
-        # ---- Metropolis on the best neighbour of the batch (the only one, incrementally)
+        # ---- propose a batch of neighbours and score them together
+        n = min(n_batch, tracker.remaining_evals())
+        props = [neighbour(cur, cp) for _ in range(n)]
+        cand = [x[0] for x in props]
+        objs = score(cand, [x[1] for x in props])
+        if not len(objs):
+            break
+        # ---- Metropolis on the best neighbour of the batch
         meta["proposals"] += len(objs)
         i = int(np.argmin(objs))
         o = objs[i]
@@ -168,12 +204,16 @@ def anneal(problem, budget, seed, tracker, mode: str = "incremental", batch: int
         acc = bool(np.isfinite(o) and (d <= 0 or rng.random() < math.exp(-d / max(T, 1e-12))))
         if not d <= 0:  # only uphill steps tell how hot it is
             hist.append(1 if acc else 0)
-        took = i if acc else -1
-        if took >= 0:
+        if acc:
             meta["accepted"] += 1
-            cur, cur_obj = cand[took], float(objs[took])
+            kind = props[i][2]
+            meta["accepted_by_kind"][kind] = meta["accepted_by_kind"].get(kind, 0) + 1
+            changed = not np.array_equal(cand[i], cur)
+            cur, cur_obj = cand[i], float(objs[i])
             if inc is not None:
                 inc.commit(cur)
+            if guide is not None and changed:
+                cp = CriticalPath(cm, cur)
         if cur_obj < run_best * (1 - 1e-12):
             run_best, since_best = cur_obj, 0
         else:
@@ -195,15 +235,8 @@ def anneal(problem, budget, seed, tracker, mode: str = "incremental", batch: int
             else:
                 cur = tracker.best_assignment.copy()
                 for _ in range(max(2, movable.size // 50)):
-                    cur = neighbour(cur)[0]
-            if inc is not None:
-                inc.set_base(cur)
-                tracker.record(cur[None, :], np.array([inc.base.step_time_us]), np.array([inc.base.feasible]))
-                cur_obj = float(objective([inc.base.step_time_us], [inc.base.feasible],
-                                          inc.base.peak_memory_bytes[None, :], cap)[0])
-            else:
-                r = tracker.evaluate(cur)
-                cur_obj = float(objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap)[0])
+                    cur = random_neighbour(cur)[0]
+            cur_obj = restart_from(cur)
             run_best, since_best, T = cur_obj, 0, max(T, 0.02)
     meta["temperature"] = T
     return meta

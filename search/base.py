@@ -18,6 +18,7 @@ True
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -88,8 +89,17 @@ class Problem:
         u = rng.random((self.n_groups, self.n_devices)) * self.allowed
         return np.argmax(u, axis=1).astype(np.int32)
 
+    def lower_bounds(self) -> dict:
+        """The lower bounds of :func:`placetool.search.bounds.lower_bound` (µs), computed once."""
+        if getattr(self, "_bounds", None) is None:
+            from .bounds import lower_bound
+
+            self._bounds = lower_bound(self)
+        return self._bounds
+
     def lower_bound_us(self) -> float:
-        return self.cost_model.lower_bound_us()
+        """The best lower bound on the step time of any placement (µs)."""
+        return self.lower_bounds()["best"]
 
 
 # ------------------------------------------------------------------ budget
@@ -142,6 +152,8 @@ class Tracker:
         self.best_step_us = np.inf
         self.best_feasible = False
         self.history: list[tuple[int, float, float]] = []
+        self._deadline = np.inf  # of the innermost sub_budget, perf_counter seconds
+        self._captures: list[list] = []
 
     @property
     def seconds(self) -> float:
@@ -157,7 +169,25 @@ class Tracker:
         """True once the budget is spent."""
         if self.budget.evals is not None and self.evaluations >= self.budget.evals:
             return True
+        if time.perf_counter() >= self._deadline:
+            return True
         return self.budget.seconds is not None and self.seconds >= self.budget.seconds
+
+    @contextmanager
+    def sub_budget(self, seconds: float):
+        """A share of the budget: inside the ``with``, :meth:`done` is also true once
+        ``seconds`` have passed. Yields a list that collects every scored batch as an
+        :class:`EvalResult`, also those a one-shot method scores after the share is spent
+        (see :func:`placetool.search.partition.score`), so none is lost."""
+        outer = self._deadline
+        self._deadline = min(outer, time.perf_counter() + float(seconds))
+        rows: list[EvalResult] = []
+        self._captures.append(rows)
+        try:
+            yield rows
+        finally:
+            self._captures.pop()
+            self._deadline = outer
 
     def evaluate(self, assignments) -> "EvalResult":
         """Score a (B x groups) batch (or one assignment); truncated to the budget left.
@@ -169,12 +199,17 @@ class Tracker:
             raise BudgetExhausted
         A = A[: self.remaining_evals()]
         r = self.problem.cost_model.simulate_batch(A)
-        self.record(A, r.step_time_us, r.feasible)
+        self.record(A, r.step_time_us, r.feasible, r.peak_memory_bytes)
         return EvalResult(A, r.step_time_us, r.feasible, r.peak_memory_bytes)
 
-    def record(self, A, step, feasible) -> None:
-        """Count evaluations scored elsewhere (e.g. by an incremental simulator)."""
+    def record(self, A, step, feasible, peak=None) -> None:
+        """Count evaluations scored elsewhere (e.g. by an incremental simulator);
+        ``peak`` (B x devices bytes) lets seeding tell how far over memory a row is."""
         A = np.atleast_2d(A)
+        if self._captures:
+            P = np.zeros((len(A), self.problem.n_devices), np.int64) if peak is None else np.atleast_2d(peak)
+            self._captures[-1].append(EvalResult(np.array(A, np.int32), np.asarray(step, float),
+                                                 np.asarray(feasible, bool), P))
         self.evaluations += len(A)
         if self.keep_top > 0:
             self._keep_top(A, step, feasible)
@@ -242,38 +277,106 @@ class SearchResult:
 
 # ---------------------------------------------------------------- registry
 Method = Callable[..., dict | None]
-REGISTRY: dict[str, Method] = {}
-_LAZY: dict[str, str] = {}  # name -> module that registers it on import
 
 
-def register(name: str):
-    """Decorator: make a method reachable as ``run(name, ...)`` / ``--method name``."""
+@dataclass(frozen=True)
+class MethodInfo:
+    """The facts about one method, declared where it is registered."""
+
+    name: str
+    fn: Method
+    #: one line for ``placetool search --list`` (default: the docstring's first sentence)
+    summary: str
+    #: what ``placetool search`` runs it with when the user gives no budget
+    budget: Budget
+    #: position among the placements sa, tpe and rl start from (cheap ones first);
+    #: None: not a seed
+    seed: int | None = None
+
+    @property
+    def module(self) -> str:
+        return self.fn.__module__
+
+
+DEFAULT_BUDGET = Budget(seconds=20.0)
+REGISTRY: dict[str, MethodInfo] = {}
+#: modules outside this package that register methods (imported when the table is read)
+EXTERNAL_METHOD_MODULES = ("placetool.rl.method",)
+#: modules of this package that hold no method (never imported to fill the table)
+_NOT_METHODS = {"base", "bounds", "report", "store", "sweep"}
+_discovered = False
+
+
+def _summary(fn) -> str:
+    import inspect
+
+    para = (inspect.getdoc(fn) or "").split("\n\n")[0].replace("\n", " ")
+    return para.split(". ")[0].rstrip(".")
+
+
+def register(name: str, *, summary: str | None = None, budget: Budget | None = None, seed: int | None = None):
+    """Decorator: make a method reachable as ``run(name, ...)`` / ``--method name``.
+
+    ``summary`` (default: the docstring's first sentence), ``budget`` (the default when
+    none is given; :data:`DEFAULT_BUDGET` if None) and ``seed`` (None, or the position of
+    this method's placement among those sa, tpe and rl start from) are its table row.
+    Adding a method is adding a module to this package that registers it.
+    """
 
     def deco(fn):
-        REGISTRY[name] = fn
+        REGISTRY[name] = MethodInfo(name, fn, summary or _summary(fn), budget or DEFAULT_BUDGET, seed)
         return fn
 
     return deco
 
 
-def register_lazy(name: str, module: str) -> None:
-    """Name a method whose module is imported only when it is asked for (e.g. TF policies)."""
-    _LAZY[name] = module
+def _discover() -> None:
+    """Import every method module once (none imports TensorFlow at import time)."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    import importlib
+    import pkgutil
+
+    pkg = __name__.rsplit(".", 1)[0]
+    names = [f"{pkg}.{m.name}" for m in pkgutil.iter_modules(importlib.import_module(pkg).__path__)
+             if m.name not in _NOT_METHODS and not m.name.startswith("_")]
+    for mod in names + list(EXTERNAL_METHOD_MODULES):
+        try:
+            importlib.import_module(mod)
+        except ImportError:  # an optional part that is not installed: its methods are absent
+            pass
+
+
+def table() -> dict[str, MethodInfo]:
+    """Every registered method's facts, by name."""
+    _discover()
+    return dict(sorted(REGISTRY.items()))
 
 
 def methods() -> list[str]:
     """All method names."""
-    return sorted(set(REGISTRY) | set(_LAZY))
+    return list(table())
+
+
+def info(name: str) -> MethodInfo:
+    """The facts of method ``name``; SearchError naming the known ones if there is none."""
+    t = table()
+    if name not in t:
+        raise SearchError(f"unknown method {name!r} (known: {', '.join(t)})")
+    return t[name]
 
 
 def get(name: str) -> Method:
-    if name not in REGISTRY and name in _LAZY:
-        import importlib
+    """The function of method ``name``."""
+    return info(name).fn
 
-        importlib.import_module(_LAZY[name])
-    if name not in REGISTRY:
-        raise SearchError(f"unknown method {name!r} (known: {', '.join(methods())})")
-    return REGISTRY[name]
+
+def seed_methods() -> tuple[str, ...]:
+    """Methods whose placements sa, tpe and rl start from, cheapest first."""
+    t = table()
+    return tuple(sorted((n for n, i in t.items() if i.seed is not None), key=lambda n: (t[n].seed, n)))
 
 
 def run(name: str, problem: Problem, budget: Budget, seed: int = 0,
@@ -303,6 +406,6 @@ def run(name: str, problem: Problem, budget: Budget, seed: int = 0,
         seconds=tracker.seconds,
         lower_bound_us=problem.lower_bound_us(),
         history=tracker.history,
-        metadata=dict(meta or {}),
+        metadata={**dict(meta or {}), "lower_bounds_us": problem.lower_bounds()},
         top=list(tracker.top),
     )

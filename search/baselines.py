@@ -7,7 +7,7 @@ import numpy as np
 from .base import register
 
 
-@register("single")
+@register("single", seed=0)
 def single(problem, budget, seed, tracker):
     """Best single device that fits; groups that cannot run there go to the host CPU.
 
@@ -22,7 +22,7 @@ def single(problem, budget, seed, tracker):
     return {"candidates": problem.n_devices}
 
 
-@register("round-robin")
+@register("round-robin", seed=1)
 def round_robin(problem, budget, seed, tracker):
     """Group k on the k-th device (in turn among the devices that may run it)."""
     a = np.empty(problem.n_groups, np.int32)

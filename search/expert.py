@@ -94,7 +94,7 @@ def expert_assignment(problem, mode: str | None = None) -> tuple[np.ndarray, str
     return np.where(ok, dev, fallback_device(problem)).astype(np.int32), mode
 
 
-@register("expert")
+@register("expert", seed=2)
 def expert(problem, budget, seed, tracker, mode: str | None = None):
     """Human-expert placement: the zoo's layer tags, or a depth split without them.
 

@@ -21,8 +21,12 @@ as ``memory_fallbacks``). Every method scores its placement through the tracker.
   -time LP relaxation of Hanen & Munier, solved with SciPy/HiGHS) goes to its parent's
   device.
 
-The schedules here are the methods' own model (no link contention); the step time
-reported is the simulator's. Each scheduler runs twice where the cluster has a host
+The schedules here follow the simulator's rules for transfers (``links="queued"``, the
+default: a tensor goes to a device once, transfers queue per directed link, devices pay
+their send/receive costs), so the makespan a scheduler plans (``metadata["planned_us"]``)
+is close to what the simulator says of its placement (``metadata["simulated_us"]``, the
+step time reported). ``links="ideal"`` (``--option links=ideal``) gives the papers'
+variants: every edge costs latency + bytes / bandwidth and nothing queues. Each scheduler runs twice where the cluster has a host
 besides its GPUs (all devices, and GPUs only for every group that may use one) and the
 tracker keeps the faster; ``metadata["devices"]`` says which won.
 """
@@ -34,8 +38,22 @@ from numba import njit
 
 from placetool.costmodel.kernels import heap_pop, heap_push
 
-from .base import register
+from .base import SearchError, register
 from .partition import accelerators, fallback_device, gpu_group_time, group_memory_bytes, score
+
+
+#: how list schedulers model transfers: ``queued`` as the simulator does (a tensor sent
+#: once per device, one FIFO per directed link, the devices' send/receive costs);
+#: ``ideal`` as the papers do (every edge costs latency + bytes / bandwidth, nothing queues)
+LINKS = ("queued", "ideal")
+
+
+def transfer_costs(cluster) -> np.ndarray:
+    """(4, devices) µs: per-message and per-byte send cost, then receive cost, of each
+    device (zero for a cluster that does not model them)."""
+    keys = ("send_us", "send_us_per_byte", "recv_us", "recv_us_per_byte")
+    return np.ascontiguousarray([[float(getattr(d, k, 0.0) or 0.0) for d in cluster.devices] for k in keys],
+                                np.float64)
 
 
 # --------------------------------------------------------------------- heaps
@@ -63,6 +81,81 @@ def _data_ready(op, d, pred_ptr, pred_src, pred_bytes, pred_ctrl, place, finish,
         if t > r:
             r = t
     return r
+
+
+@njit(cache=True)
+def _gap(ls, le, cnt, t0, dur):
+    """Earliest start >= t0 of an interval of length ``dur`` in the idle gaps of a
+    timeline of ``cnt`` sorted disjoint intervals; returns (start, insert position)."""
+    lo, hi = 0, cnt
+    while lo < hi:  # first interval ending after t0
+        mid = (lo + hi) >> 1
+        if le[mid] <= t0:
+            lo = mid + 1
+        else:
+            hi = mid
+    s = t0
+    for i in range(lo, cnt):
+        if s + dur <= ls[i]:
+            return s, i
+        if le[i] > s:
+            s = le[i]
+    return s, cnt
+
+
+@njit(cache=True)
+def _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, place, finish,
+                    lat, bw, xc, arrive, link_s, link_e, link_cnt, avail, commit):
+    """When op's inputs are on device d under the simulator's rules: a tensor goes to a
+    device once, a transfer leaves when its producer ends and holds its directed link
+    (one at a time: the earliest idle gap of the link's timeline), a send first costs the
+    sender ``xc[0] + xc[1] * bytes`` µs and a receive the receiver ``xc[2] + xc[3] * bytes``.
+    Returns (data-ready time, receive time d spends first). With ``commit`` the
+    transfers are booked (``arrive``, the link timelines, the sender's ``avail``)."""
+    D = lat.shape[0]
+    r = 0.0
+    rc = 0.0
+    # new transfers of this op on one link go one after another, in input order
+    last = np.empty(0)
+    for k in range(cpred_ptr[op], cpred_ptr[op + 1]):
+        f = finish[cpred_src[k]]
+        if f > r:
+            r = f
+    for k in range(in_ptr[op], in_ptr[op + 1]):
+        t = in_tensor[k]
+        p = tensor_op[t]
+        a = place[p]
+        if a == d:
+            f = finish[p]
+        elif arrive[t * D + d] >= 0.0:
+            f = arrive[t * D + d]
+        else:
+            b = tensor_bytes[t]
+            l = a * D + d
+            send = xc[0, a] + xc[1, a] * b
+            dur = lat[a, d] + b / bw[a, d]
+            t0 = finish[p] + send
+            if last.shape[0] == 0:
+                last = np.full(D * D, -1.0)
+            if last[l] > t0:
+                t0 = last[l]
+            s, pos = _gap(link_s[l], link_e[l], link_cnt[l], t0, dur)
+            last[l] = s + dur
+            f = s + dur
+            rc += xc[2, d] + xc[3, d] * b
+            if commit:
+                for i in range(link_cnt[l], pos, -1):
+                    link_s[l, i] = link_s[l, i - 1]
+                    link_e[l, i] = link_e[l, i - 1]
+                link_s[l, pos] = s
+                link_e[l, pos] = f
+                link_cnt[l] += 1
+                arrive[t * D + d] = f
+                if send > 0.0 and avail[a] < finish[p] + send:
+                    avail[a] = finish[p] + send
+        if f > r:
+            r = f
+    return r, rc
 
 
 @njit(cache=True)
@@ -133,9 +226,12 @@ def downward_rank(order, wbar, pred_ptr, pred_src, pred_bytes, pred_ctrl, mean_l
 # -------------------------------------------------------- EFT (HEFT, CPOP)
 @njit(cache=True)
 def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, succ_dst,
-                 group, gdev, gmem, cap, lat, bw, forced, insertion):
+                 group, gdev, gmem, cap, lat, bw, forced, insertion,
+                 in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, xc, queued):
     """Priority list scheduling: the ready op of highest ``prio`` (ties: lower ``rank``)
     goes to the device of earliest finish (into an idle gap when ``insertion``).
+    With ``queued`` transfers follow the simulator's rules (see :func:`_transfer_ready`);
+    without, every edge costs latency + bytes / bandwidth and nothing queues.
 
     ``gdev`` (per group, -1 = free) is updated in place. Returns (place, start, finish,
     memory fallbacks).
@@ -163,6 +259,14 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
         if indeg[v] == 0:
             size = heap_push(k1, k2, ids, size, -prio[v], rank[v], v)
     cand = np.zeros(D, np.bool_)
+    nt = tensor_bytes.shape[0]
+    arrive = np.full(max(nt * D, 1), -1.0)
+    # one timeline per directed link; it never holds more transfers than the graph has
+    # consumed tensors (times devices, for the case of a broadcast)
+    link_len = min(in_tensor.shape[0], nt * D) + 1
+    link_s = np.zeros((D * D, link_len if queued else 1))
+    link_e = np.zeros((D * D, link_len if queued else 1))
+    link_cnt = np.zeros(D * D, np.int64)
     fallbacks = 0
     while size > 0:
         op, size = _hpop(k1, k2, ids, size)
@@ -172,8 +276,14 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
         for d in range(D):
             if not cand[d]:
                 continue
-            ready = _data_ready(op, d, pred_ptr, pred_src, pred_bytes, pred_ctrl, place, finish, lat, bw)
-            dur = T[op, d]
+            if queued:
+                ready, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr,
+                                            cpred_src, place, finish, lat, bw, xc, arrive, link_s, link_e,
+                                            link_cnt, avail, False)
+            else:
+                ready = _data_ready(op, d, pred_ptr, pred_src, pred_bytes, pred_ctrl, place, finish, lat, bw)
+                rc = 0.0
+            dur = T[op, d] + rc  # receives run on the device just before the op
             s = max(ready, avail[d])
             pos = cnt[d]
             if insertion:
@@ -197,6 +307,9 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
             if f < bf:
                 bf, bs, bd, bi = f, s, d, pos
         d = bd
+        if queued:
+            _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, place,
+                            finish, lat, bw, xc, arrive, link_s, link_e, link_cnt, avail, True)
         place[op] = d
         start[op] = bs
         finish[op] = bf
@@ -221,30 +334,31 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
 
 # ------------------------------------------------------- ETF (m-ETF, m-SCT)
 @njit(cache=True)
-def _etf_enqueue(op, d, tie, dr, avail, pk, pt, pid, psize, rk, rt, rid, rsize):
+def _etf_enqueue(op, d, tie, dr, avail, pk, pt, pid, psize, rk, rt, rid, rsize, fifo):
     """Queue a ready op on device d: in d's ready queue (keyed by tie) if its data is
     there by the time d is free, else in d's pending queue (keyed by data-ready time)."""
     if dr[op, d] <= avail[d]:
-        rsize[d] = heap_push(rk[d], rt[d], rid[d], rsize[d], 0.0, tie[op], op)
+        rsize[d] = heap_push(rk[d], rt[d], rid[d], rsize[d], dr[op, d] if fifo else 0.0, tie[op], op)
     else:
         psize[d] = heap_push(pk[d], pt[d], pid[d], psize[d], dr[op, d], tie[op], op)
 
 
 @njit(cache=True)
 def _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref, dr, avail, group, cand, inq,
-                   pk, pt, pid, psize, rk, rt, rid, rsize):
+                   pk, pt, pid, psize, rk, rt, rid, rsize, fifo):
     """Queue op on every candidate device; returns 1 if memory forced an over-capacity one."""
     fb = _candidates(op, group[op], T, gdev, gmem, used, cap, pref, cand)
     for d in range(T.shape[1]):
         if cand[d]:
             inq[op] += 1
-            _etf_enqueue(op, d, tie, dr, avail, pk, pt, pid, psize, rk, rt, rid, rsize)
+            _etf_enqueue(op, d, tie, dr, avail, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
     return fb
 
 
 @njit(cache=True)
 def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, succ_dst,
-                 group, gdev, gmem, cap, lat, bw, fav_parent):
+                 group, gdev, gmem, cap, lat, bw, fav_parent,
+                 in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, xc, queued):
     """Earliest task first: start the (ready op, device) pair with the earliest start
     (ties: lower ``tie``, the op's position in priority order); no insertion. An op whose
     favourite parent (``fav_parent`` >= 0) is placed prefers that parent's device.
@@ -256,9 +370,17 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
     memory filled, their group got fixed), are dropped when they surface, and an op with
     no queue left is queued again on its current candidates. O(ops x devices x log ops).
 
+    With ``queued`` (see :func:`_transfer_ready`) an op's data-ready time can only grow
+    while it waits, as transfers planned meanwhile fill the links it needs: the chosen
+    pair is checked against the links as they are now and, if it would start later than
+    planned, queued again with its new time (keys only grow, so this ends).
+
     Returns (place, start, finish, memory fallbacks).
     """
     n, D = T.shape
+    # queued: a device runs its ready ops as the simulator does, earliest ready first
+    # (ties: ``tie``, then the topological rank)
+    fifo = queued
     place = np.full(n, -1, np.int64)
     start = np.zeros(n)
     finish = np.zeros(n)
@@ -283,10 +405,18 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
     dr = np.zeros((n, D))  # data-ready time per device, fixed once an op is ready
     cand = np.zeros(D, np.bool_)
     fb_of = np.zeros(n, np.int64)
+    nt = tensor_bytes.shape[0]
+    arrive = np.full(max(nt * D, 1), -1.0)
+    # one timeline per directed link; it never holds more transfers than the graph has
+    # consumed tensors (times devices, for the case of a broadcast)
+    link_len = min(in_tensor.shape[0], nt * D) + 1
+    link_s = np.zeros((D * D, link_len if queued else 1))
+    link_e = np.zeros((D * D, link_len if queued else 1))
+    link_cnt = np.zeros(D * D, np.int64)
     for v in range(n):
         if indeg[v] == 0:
             fb_of[v] = _etf_queue_all(v, tie, T, gdev, gmem, used, cap, -1, dr, avail, group, cand, inq,
-                                      pk, pt, pid, psize, rk, rt, rid, rsize)
+                                      pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
     fallbacks = 0
     placed = 0
     while placed < n:
@@ -305,7 +435,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                         inq[op] -= 1
                         if inq[op] == 0:
                             fb_of[op] = _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref[op], dr, avail,
-                                                       group, cand, inq, pk, pt, pid, psize, rk, rt, rid, rsize)
+                                                       group, cand, inq, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
                         continue
                 if psize[d] > 0:
                     op = pid[d, 0]
@@ -314,7 +444,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                         continue
                     if pk[d, 0] <= avail[d]:
                         _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
-                        rsize[d] = heap_push(rk[d], rt[d], rid[d], rsize[d], 0.0, tie[op], op)
+                        rsize[d] = heap_push(rk[d], rt[d], rid[d], rsize[d], dr[op, d] if fifo else 0.0, tie[op], op)
                         continue
                     _candidates(op, group[op], T, gdev, gmem, used, cap, pref[op], cand)
                     if not cand[d]:
@@ -322,7 +452,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                         inq[op] -= 1
                         if inq[op] == 0:
                             fb_of[op] = _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref[op], dr, avail,
-                                                       group, cand, inq, pk, pt, pid, psize, rk, rt, rid, rsize)
+                                                       group, cand, inq, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
                         continue
                 break
             if rsize[d] > 0:
@@ -340,12 +470,31 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                 break
             continue
         op, d = bop, bd
+        rc = 0.0
+        if queued:
+            r, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
+                                    place, finish, lat, bw, xc, arrive, link_s, link_e, link_cnt, avail,
+                                    False)
+            if max(r, avail[d]) > bs:  # its links filled up meanwhile: queue it at its new time
+                if rsize[d] > 0:
+                    _, rsize[d] = _hpop(rk[d], rt[d], rid[d], rsize[d])
+                else:
+                    _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
+                dr[op, d] = r
+                _etf_enqueue(op, d, tie, dr, avail, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
+                continue
+            r, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
+                                    place, finish, lat, bw, xc, arrive, link_s, link_e, link_cnt, avail,
+                                    True)
+            # booking in order may find a gap taken by a transfer booked just before;
+            # a send booked just now may hold the device
+            bs = max(bs, r, avail[d])
         placed += 1
         fallbacks += fb_of[op]
         g = group[op]
         place[op] = d
         start[op] = bs
-        finish[op] = bs + T[op, d]
+        finish[op] = bs + rc + T[op, d]
         avail[d] = finish[op]
         if gdev[g] < 0:
             gdev[g] = d
@@ -355,12 +504,17 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
             indeg[w] -= 1
             if indeg[w] == 0:
                 for e in range(D):
-                    dr[w, e] = _data_ready(w, e, pred_ptr, pred_src, pred_bytes, pred_ctrl,
-                                           place, finish, lat, bw)
+                    if queued:
+                        dr[w, e], _ = _transfer_ready(w, e, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr,
+                                                      cpred_src, place, finish, lat, bw, xc, arrive, link_s,
+                                                      link_e, link_cnt, avail, False)
+                    else:
+                        dr[w, e] = _data_ready(w, e, pred_ptr, pred_src, pred_bytes, pred_ctrl,
+                                               place, finish, lat, bw)
                 if fav_parent[w] >= 0:
                     pref[w] = place[fav_parent[w]]
                 fb_of[w] = _etf_queue_all(w, tie, T, gdev, gmem, used, cap, pref[w], dr, avail, group, cand,
-                                          inq, pk, pt, pid, psize, rk, rt, rid, rsize)
+                                          inq, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
     return place, start, finish, fallbacks
 
 
@@ -368,9 +522,12 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
 class _Data:
     """Op-level arrays every list scheduler reads (built once per problem)."""
 
-    def __init__(self, problem, gpu_only: bool = False):
+    def __init__(self, problem, gpu_only: bool = False, links: str = "queued"):
         g, cl, cm = problem.graph, problem.cluster, problem.cost_model
+        if links not in LINKS:
+            raise SearchError(f"links must be one of {', '.join(LINKS)}, got {links!r}")
         self.problem = problem
+        self.queued = links == "queued"
         n, D = g.n_ops, cl.n_devices
         allowed = problem.allowed
         if gpu_only:  # groups that may use an accelerator use only accelerators
@@ -399,6 +556,20 @@ class _Data:
         self.succ_dst = np.ascontiguousarray(dst)
         self.succ_bytes = np.ascontiguousarray(nbytes)
         self.succ_ctrl = np.ascontiguousarray(ctrl)
+        # tensor-level inputs (each tensor once per consumer) and control predecessors,
+        # for the timeline that sends a tensor once per device and queues links
+        c = g.csr
+        op_of_in = np.repeat(np.arange(n, dtype=np.int64), np.diff(c.in_ptr))
+        ik = np.unique(op_of_in * max(g.n_tensors, 1) + c.in_tensor.astype(np.int64))
+        self.in_tensor = np.ascontiguousarray(ik % max(g.n_tensors, 1))
+        self.in_ptr = np.searchsorted(ik // max(g.n_tensors, 1), np.arange(n + 1)).astype(np.int64)
+        self.tensor_op = np.ascontiguousarray(g.tensor_op, np.int64)
+        self.tensor_bytes = np.ascontiguousarray(g.tensor_bytes, np.float64)
+        ce = np.flatnonzero(g.edge_tensor < 0)
+        co = ce[np.argsort(g.edge_dst[ce], kind="stable")]
+        self.cpred_src = np.ascontiguousarray(g.edge_src[co], np.int64)
+        self.cpred_ptr = np.searchsorted(g.edge_dst[co], np.arange(n + 1)).astype(np.int64)
+        self.xc = transfer_costs(cl)
         self.group = np.ascontiguousarray(g.group, np.int64)
         self.gmem = group_memory_bytes(problem).astype(np.float64)
         self.cap = cm.capacity.astype(np.float64)
@@ -432,19 +603,28 @@ class _Data:
         gdev = self.fresh_gdev()
         out = eft_schedule(prio, self.rank, self.T, self.pred_ptr, self.pred_src, self.pred_bytes,
                            self.pred_ctrl, self.succ_ptr, self.succ_dst, self.group, gdev, self.gmem,
-                           self.cap, self.lat, self.bw, forced, insertion)
+                           self.cap, self.lat, self.bw, forced, insertion, *self._timeline())
         return self._check(gdev), out
 
-    def etf(self, prio, fav_parent=None):
+    def _timeline(self):
+        return (self.in_ptr, self.in_tensor, self.tensor_op, self.tensor_bytes, self.cpred_ptr, self.cpred_src,
+                self.xc, self.queued)
+
+    def etf(self, prio, fav_parent=None, gdev=None):
+        """ETF schedule; ``gdev`` (per group, -1 = free) fixes groups beforehand."""
         n = len(prio)
         fav_parent = np.full(n, -1, np.int64) if fav_parent is None else fav_parent
-        gdev = self.fresh_gdev()
-        # ties between equal starts: higher priority first, then topological rank
+        gdev = self.fresh_gdev() if gdev is None else np.array(gdev, np.int64)
+        # ties between equal starts: higher priority first, then topological rank; with
+        # queued links a device's ready ops go in the simulator's order (topological rank)
         tie = np.empty(n, np.int64)
-        tie[np.lexsort((self.rank, -prio))] = np.arange(n)
+        if self.queued:
+            tie[:] = self.rank
+        else:
+            tie[np.lexsort((self.rank, -prio))] = np.arange(n)
         out = etf_schedule(tie, self.T, self.pred_ptr, self.pred_src, self.pred_bytes,
                            self.pred_ctrl, self.succ_ptr, self.succ_dst, self.group, gdev, self.gmem,
-                           self.cap, self.lat, self.bw, fav_parent)
+                           self.cap, self.lat, self.bw, fav_parent, *self._timeline())
         return self._check(gdev), out
 
     def _check(self, gdev):
@@ -460,38 +640,40 @@ def _variants(problem) -> list[bool]:
     return [False, True] if len(accelerators(problem)) < problem.n_devices else [False]
 
 
-def _schedule_variants(problem, tracker, schedule) -> dict:
+def _schedule_variants(problem, tracker, schedule, links: str = "queued") -> dict:
     """Run ``schedule(data) -> (gdev, out, extra)`` per device set, score all the
-    assignments in one batch, and describe the one the tracker found best."""
+    assignments in one batch, and describe the one the tracker found best: the makespan
+    its schedule planned (``planned_us``) beside the simulator's (``simulated_us``)."""
     runs = []
     for gpu_only in _variants(problem):
-        gdev, out, extra = schedule(_Data(problem, gpu_only))
+        gdev, out, extra = schedule(_Data(problem, gpu_only, links))
         runs.append((gpu_only, np.asarray(gdev, np.int32), out, extra))
     r = score(tracker, np.stack([x[1] for x in runs]))
     key = [(not f, s) for f, s in zip(r.feasible, r.step_time_us)]
     best = min(range(len(key)), key=key.__getitem__)
     gpu_only, _, (place, start, finish, fallbacks), extra = runs[best]
-    meta = {"devices": "gpus" if gpu_only else "all",
-            "schedule_makespan_us": float(finish.max()) if len(finish) else 0.0,
+    planned = float(finish.max()) if len(finish) else 0.0
+    meta = {"devices": "gpus" if gpu_only else "all", "links": links,
+            "planned_us": planned, "simulated_us": float(r.step_time_us[best]),
             "memory_fallbacks": int(fallbacks)}
     meta.update(extra or {})
     return meta
 
 
 # ------------------------------------------------------------------ methods
-@register("heft")
-def heft(problem, budget, seed, tracker, insertion: bool = True):
+@register("heft", seed=4)
+def heft(problem, budget, seed, tracker, insertion: bool = True, links: str = "queued"):
     """HEFT: upward-rank order, earliest-finish-time device, insertion into idle gaps."""
 
     def schedule(data):
         gdev, out = data.eft(data.rank_u(), insertion=bool(insertion))
         return gdev, out, None
 
-    return _schedule_variants(problem, tracker, schedule)
+    return _schedule_variants(problem, tracker, schedule, links)
 
 
-@register("critical-path")
-def critical_path(problem, budget, seed, tracker):
+@register("critical-path", seed=5)
+def critical_path(problem, budget, seed, tracker, links: str = "queued"):
     """CPOP: critical-path ops on the device that runs the whole path fastest, the rest
     by earliest finish time, in order of upward + downward rank."""
 
@@ -512,11 +694,11 @@ def critical_path(problem, budget, seed, tracker):
         return gdev, out, {"critical_path_ops": int(len(cp_ops)),
                            "critical_path_device": problem.cluster.names[cp_dev] if cp_dev >= 0 else None}
 
-    return _schedule_variants(problem, tracker, schedule)
+    return _schedule_variants(problem, tracker, schedule, links)
 
 
-@register("m-topo")
-def m_topo(problem, budget, seed, tracker):
+@register("m-topo", seed=6)
+def m_topo(problem, budget, seed, tracker, links: str = "queued"):
     """m-TOPO: in topological order, fill one GPU after another with about 1/n of the
     compute each, moving on early when a GPU's memory is full."""
     g = problem.graph
@@ -549,19 +731,23 @@ def m_topo(problem, budget, seed, tracker):
         used[d] += gmem[k]
         if d == acc[c]:
             load += gt[k]
-    score(tracker, gdev.astype(np.int32))
-    return {"share_us": float(share), "memory_fallbacks": int(fallbacks)}
+    r = score(tracker, gdev.astype(np.int32))
+    # its plan: the placement, ops started earliest first on the same timeline as m-ETF
+    data = _Data(problem, links=links)
+    _, (_, _, finish, _) = data.etf(data.rank_u(), gdev=gdev)
+    return {"share_us": float(share), "memory_fallbacks": int(fallbacks), "links": links,
+            "planned_us": float(finish.max()) if len(finish) else 0.0, "simulated_us": float(r.step_time_us[0])}
 
 
-@register("m-etf")
-def m_etf(problem, budget, seed, tracker):
+@register("m-etf", seed=3)
+def m_etf(problem, budget, seed, tracker, links: str = "queued"):
     """m-ETF: earliest task first under device memory."""
 
     def schedule(data):
         gdev, out = data.etf(data.rank_u())
         return gdev, out, None
 
-    return _schedule_variants(problem, tracker, schedule)
+    return _schedule_variants(problem, tracker, schedule, links)
 
 
 def _sct_lp(p, src, dst, nbytes, ctrl, mean_lat, mean_inv_bw, time_limit):
@@ -666,8 +852,8 @@ def sct_favourite_children(data, time_limit: float = 60.0, window: int = 2500):
     return fav, message
 
 
-@register("m-sct")
-def m_sct(problem, budget, seed, tracker, lp_seconds: float | None = None):
+@register("m-sct", seed=8)
+def m_sct(problem, budget, seed, tracker, lp_seconds: float | None = None, links: str = "queued"):
     """m-SCT: ETF under memory, favourite children (SCT LP, SciPy/HiGHS) on their
     parent's device."""
     limit = float(lp_seconds) if lp_seconds else min(60.0, (budget.seconds or 120.0) / 2)
@@ -679,4 +865,4 @@ def m_sct(problem, budget, seed, tracker, lp_seconds: float | None = None):
         gdev, out = data.etf(data.rank_u(), lp["fav"])
         return gdev, out, {"favourite_children": int((lp["fav"] >= 0).sum()), "lp_status": lp["status"]}
 
-    return _schedule_variants(problem, tracker, schedule)
+    return _schedule_variants(problem, tracker, schedule, links)

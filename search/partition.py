@@ -140,7 +140,7 @@ def score(tracker, assignments):
     if not len(A):
         return tracker.evaluate(A)  # raises BudgetExhausted
     r = tracker.problem.cost_model.simulate_batch(A)
-    tracker.record(A, r.step_time_us, r.feasible)
+    tracker.record(A, r.step_time_us, r.feasible, r.peak_memory_bytes)
     return EvalResult(A, r.step_time_us, r.feasible, r.peak_memory_bytes)
 
 
@@ -184,7 +184,7 @@ def _movable(problem, acc):
 
 
 # ------------------------------------------------------------------ methods
-@register("metis")
+@register("metis", seed=7)
 def metis(problem, budget, seed, tracker):
     """METIS k-way over groups, one part per GPU; host-only groups stay on the CPU."""
     acc = accelerators(problem)
@@ -218,7 +218,7 @@ def _kl_split(G, nodes, k, rng, out, base):
     _kl_split(G, b, k - k1, rng, out, base + k1)
 
 
-@register("mincut")
+@register("mincut", seed=9)
 def mincut(problem, budget, seed, tracker):
     """Min-cut baseline: recursive Kernighan-Lin bisection of the group graph into one
     part per GPU (equal group counts per part; KL minimises the bytes cut)."""

@@ -22,7 +22,7 @@ import logging
 
 import numpy as np
 
-from .annealing import DEFAULT_SEEDS, objective, seed_assignments
+from .annealing import objective, seed_assignments
 from .base import BudgetExhausted, SearchError, register
 
 
@@ -80,7 +80,7 @@ def _storage(url):
 
 @register("tpe")
 def tpe(problem, budget, seed, tracker, variables: int = 100, batch: int = 16, storage: str | None = None,
-        seeds=DEFAULT_SEEDS, startup: int = 10, multivariate: bool = True, anchor: bool = True):
+        seeds=None, startup: int = 10, multivariate: bool = True, anchor: bool = True):
     """Optuna TPE over topological chunks of groups (see the module docstring)."""
     import optuna
 
@@ -92,7 +92,7 @@ def tpe(problem, budget, seed, tracker, variables: int = 100, batch: int = 16, s
     fixed = chunk < 0
     names = [f"c{c}" for c in range(n_chunks)]
 
-    seeds_, skipped = seed_assignments(problem, budget, seed, tracker, names=tuple(seeds or ()))
+    seeds_, skipped = seed_assignments(problem, budget, seed, tracker, names=seeds)
     # the anchor: the best seed; a chunk set to KEEP leaves its groups where the anchor has them
     base = seeds_[0][2] if (anchor and seeds_) else fallback
 
@@ -130,7 +130,9 @@ def tpe(problem, budget, seed, tracker, variables: int = 100, batch: int = 16, s
             study.enqueue_trial({nm: KEEP for nm in names})
         # seeds, coarsened: each chunk takes the device most of its compute time sits on
         seen = set()
-        tt = np.where(problem.allowed, problem.group_time, 0).min(axis=1) + 1e-9
+        # a group's weight is its time on the fastest device it may use (a device it
+        # may not use must not count as free)
+        tt = np.where(problem.allowed, problem.group_time, np.inf).min(axis=1) + 1e-9
         for _, _, a in seeds_:
             params = {}
             for c, nm in enumerate(names):

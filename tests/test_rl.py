@@ -97,12 +97,12 @@ def test_search_method_rl_reaches_optimum_and_counts_evaluations(tiny):
 
 @pytest.mark.timeout(60)
 def test_warm_start_begins_at_the_best_cheap_placement():
-    from placetool.search.annealing import DEFAULT_SEEDS
+    from placetool.search import seed_methods
 
     p = Problem(CostModel(presets.load_graph("synthetic-300"), presets.load_cluster("k80x4")))
     r = run("rl", p, Budget(evals=400), seed=0)
     name = r.metadata["warm_start"]
-    assert name in DEFAULT_SEEDS  # gdp (the default) starts its residual logits there
+    assert name in seed_methods()  # gdp (the default) starts its residual logits there
     assert r.step_time_us <= run(name, p, Budget(evals=400), seed=0).step_time_us
 
 

@@ -156,3 +156,58 @@ def test_sa_rejects_an_unknown_mode():
     cm = CostModel(presets.load_graph("synthetic-200"), presets.load_cluster("k80x2"))
     with pytest.raises(SearchError, match="mode"):
         run("sa", Problem(cm), Budget(evals=10), seed=0, mode="quantum")
+
+
+def _chain_problem():
+    """a (1 µs) -> b (1 µs) with a 10-byte tensor over a 1 B/µs link, no latency."""
+    import networkx as nx
+
+    from tests.helpers import cluster
+
+    g = nx.DiGraph()
+    g.add_node("a", op_type="Op", out_bytes=10)
+    g.add_node("b", op_type="Op", out_bytes=0)
+    g.add_edge("a", "b", bytes=10)
+    cl = cluster(2, latency=0.0, bandwidth=1.0, kinds=["gpu"] * 2)
+    return Problem(CostModel(OpGraph.from_networkx(g, "chain"), cl, op_times=np.ones((2, 2))))
+
+
+def test_critical_path_of_a_split_chain_holds_its_transfer():
+    from placetool.search.critical import CriticalMoves, CriticalPath
+
+    p = _chain_problem()
+    cp = CriticalPath(p.cost_model, np.array([0, 1], np.int32))  # a 0..1, transfer 1..11, b 11..12
+    assert cp.step_time_us == 12.0
+    assert cp.groups.tolist() == [0, 1] and cp.comm.tolist() == [[0, 1]]
+    pulled = CriticalMoves(p, np.random.default_rng(0)).propose(np.array([0, 1], np.int32), cp, "pull")
+    assert pulled[0] == pulled[1]  # both ends of the transfer on one device: 2 µs
+    assert p.cost_model.simulate(pulled).step_time_us == 2.0
+
+
+def test_sa_moves_option_is_checked():
+    p = _chain_problem()
+    with pytest.raises(SearchError, match="moves"):
+        run("sa", p, Budget(evals=10), seed=0, moves="psychic")
+
+
+def test_a_one_shot_seed_that_ends_after_the_seeding_share_still_seeds():
+    import time as _time
+
+    from placetool.search import base
+    from placetool.search.annealing import seed_assignments
+    from placetool.search.partition import score
+
+    p = _chain_problem()
+
+    @base.register("slow-one-shot", seed=99)
+    def slow(problem, budget, seed, tracker):
+        _time.sleep(0.3)  # past the seeding share of a 0.5 s budget (0.2 s)
+        score(tracker, np.array([1, 1], np.int32))
+
+    try:
+        tracker = base.Tracker(p, Budget(seconds=0.5))
+        seeds, skipped = seed_assignments(p, Budget(seconds=0.5), 0, tracker, names=("slow-one-shot",))
+        assert [(o, n, a.tolist()) for o, n, a in seeds] == [(2.0, "slow-one-shot", [1, 1])]
+        assert tracker.evaluations == 1 and not skipped
+    finally:
+        del base.REGISTRY["slow-one-shot"]

@@ -1,0 +1,153 @@
+"""Lower bounds on the step time of any placement of a problem.
+
+:func:`lower_bound` is the best of:
+
+- ``critical_path``: the longest path with every op on its fastest device and free
+  communication (:meth:`CostModel.lower_bound_us`'s first term);
+- ``load``: an LP relaxation of group placement — each group's work split fractionally
+  over the devices it may use, at that device's speed, the busiest device's load
+  minimised — bounded from its dual (see :func:`load_bound`). It is at least total work
+  / devices on the fastest devices, and more where a slow host must take pinned work
+  or can take little else;
+- ``group``: the longest single group on its fastest allowed device (a group's ops share
+  one device, so they never overlap);
+- ``energy``: the interval (energy) bound of Fernandez & Bussell: for a candidate step
+  time C every op must run within [head, C - tail] (heads and tails from critical
+  paths on the fastest devices); if some window [t1, t2] holds more mandatory work than
+  devices x (t2 - t1), no schedule of length C exists. The largest infeasible C found by
+  bisection over a grid of windows is a bound.
+
+Every term ignores communication (a placement may avoid it) and memory, so each is a
+valid bound for the simulator's step time of every placement.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from placetool.costmodel import kernels
+
+
+@njit(cache=True)
+def _heads_tails(topo_order, w, succ_ptr, succ):
+    n = topo_order.shape[0]
+    head = np.zeros(n)
+    tail = np.zeros(n)
+    for k in range(n):
+        v = topo_order[k]
+        f = head[v] + w[v]
+        for e in range(succ_ptr[v], succ_ptr[v + 1]):
+            u = succ[e]
+            if f > head[u]:
+                head[u] = f
+    for k in range(n - 1, -1, -1):
+        v = topo_order[k]
+        m = 0.0
+        for e in range(succ_ptr[v], succ_ptr[v + 1]):
+            u = succ[e]
+            t = w[u] + tail[u]
+            if t > m:
+                m = t
+        tail[v] = m
+    return head, tail
+
+
+@njit(cache=True)
+def _energy_infeasible(C, head, tail, p, D, grid, full):
+    """True if some window [grid[a], grid[b]] needs more than D x its length of the
+    work that every op must do inside it under step time C."""
+    K = grid.shape[0]
+    n = p.shape[0]
+    for a in range(K):
+        t1 = grid[a]
+        for b in range(a + 1, K):
+            if not full and a > 0 and b < K - 1:  # large graphs: prefixes and suffixes only
+                continue
+            t2 = grid[b]
+            cap = D * (t2 - t1)
+            need = 0.0
+            for i in range(n):
+                if p[i] <= 0.0:
+                    continue
+                left = head[i] + p[i] - t1  # overlap when started as early as possible
+                right = t2 - (C - tail[i] - p[i])  # ... and as late as possible
+                m = min(p[i], t2 - t1, left, right)
+                if m > 0.0:
+                    need += m
+                    if need > cap * (1.0 + 1e-12):
+                        return True
+    return False
+
+
+def load_bound(problem, iters: int = 300) -> float:
+    """The fractional load bound, from the dual side.
+
+    The LP  min C  s.t. each group's shares over its devices sum to one and every
+    device's load (share x the group's time there) is at most C  has the dual
+    max over device weights y >= 0 with sum(y) = 1 of  sum_g min_d y_d t_gd:  every y
+    gives a valid bound (uniform y is total fastest work / devices). Exponentiated
+    subgradient ascent on y; the best value seen is returned.
+    """
+    t = np.where(problem.allowed, problem.group_time, np.inf)
+    G, D = t.shape
+    if G == 0:
+        return 0.0
+    t = np.where(np.isfinite(t), t, np.inf)
+    y = np.full(D, 1.0 / D)
+    best = 0.0
+    rows = np.arange(G)
+    for k in range(iters):
+        v = y[None, :] * t
+        j = np.argmin(v, axis=1)
+        f = float(v[rows, j].sum())
+        best = max(best, f)
+        grad = np.bincount(j, weights=t[rows, j], minlength=D)  # d f / d y_d
+        grad = grad / max(float(grad.max()), 1e-300)
+        y = y * np.exp(0.5 / np.sqrt(k + 1) * (grad - grad @ y))
+        y /= y.sum()
+    return best * (1 - 1e-12)
+
+
+def energy_bound(cost_model, start: float, grid_points: int = 24, iters: int = 12) -> float:
+    """The interval bound (see the module docstring), at least ``start``."""
+    g = cost_model.graph
+    if g.n_ops == 0:
+        return start
+    p = cost_model.T.min(axis=1)
+    p = np.where(np.isfinite(p), p, 0.0)
+    head, tail = _heads_tails(np.ascontiguousarray(g.topo_order, np.int64), p, *g.successors)
+    D = float(cost_model.n_devices)
+    lo, hi = start, max(start, float(p.sum()))  # C = hi is always feasible for this test
+    full = g.n_ops * grid_points ** 2 <= 1_000_000
+    if hi <= lo:
+        return lo
+    for _ in range(iters):
+        C = 0.5 * (lo + hi)
+        grid = np.linspace(0.0, C, grid_points)
+        if _energy_infeasible(C, head, tail, p, D, grid, full):
+            lo = C
+        else:
+            hi = C
+    return lo
+
+
+def lower_bound(problem, energy: bool = True) -> dict:
+    """Every bound of the module docstring (µs) and ``best``, their maximum."""
+    cm = problem.cost_model
+    g = cm.graph
+    out = {}
+    if g.n_ops:
+        fastest = cm.T.min(axis=1)
+        out["critical_path"] = float(kernels.critical_path(g.topo_order, fastest, *g.successors))
+    else:
+        out["critical_path"] = 0.0
+    out["load"] = load_bound(problem) if problem.n_groups else 0.0
+    gt = np.where(problem.allowed, problem.group_time, np.inf).min(axis=1)
+    out["group"] = float(gt.max()) if len(gt) else 0.0
+    best = max(out.values())
+    if energy:
+        out["energy"] = energy_bound(cm, best)
+        best = max(best, out["energy"])
+    out["best"] = best
+    return out

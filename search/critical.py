@@ -1,0 +1,199 @@
+"""The simulated critical path of a placement, and the moves it suggests.
+
+:func:`critical_path` walks back from the op that ends last in a simulated trace: an op
+started when its last input arrived (a local producer ended, a control predecessor
+ended, or a transfer landed) or, failing that, when the op before it on its device
+ended. The walk collects the ops on that chain and the transfers on it (as producer
+-> consumer op pairs). :class:`CriticalMoves` turns one such path into neighbour
+assignments that can shorten it: pull a transfer's two ends onto one device, move a
+critical group to a neighbouring group's device, put a run of consecutive critical
+groups on one device, move a critical group off the busiest device, swap a critical
+group with one elsewhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def _walk(placement, op_start, op_end, in_ptr, in_tensor, tensor_op, cpred_ptr, cpred_src, arrival, dev_prev,
+          on_path, comm_src, comm_dst):
+    """Fill ``on_path`` (ops) and ``comm_src/dst`` (transfers on the path); returns the
+    number of transfers. ``arrival[t * D + d]``: when tensor t landed on device d."""
+    n = placement.shape[0]
+    D = arrival.shape[0] // max(tensor_op.shape[0], 1)
+    v = 0
+    for i in range(n):
+        if op_end[i] > op_end[v]:
+            v = i
+    nc = 0
+    steps = 0
+    while v >= 0 and steps <= n:
+        steps += 1
+        on_path[v] = True
+        s = op_start[v]
+        if s <= 0.0:
+            break
+        d = placement[v]
+        eps = 1e-9 * max(1.0, s)
+        nxt = -1
+        comm = False
+        for k in range(in_ptr[v], in_ptr[v + 1]):
+            t = in_tensor[k]
+            u = tensor_op[t]
+            if placement[u] == d:
+                if abs(op_end[u] - s) <= eps:
+                    nxt = u
+                    break
+            elif abs(arrival[t * D + d] - s) <= eps:
+                nxt = u
+                comm = True
+                break
+        if nxt < 0:
+            for k in range(cpred_ptr[v], cpred_ptr[v + 1]):
+                u = cpred_src[k]
+                if abs(op_end[u] - s) <= eps:
+                    nxt = u
+                    break
+        if nxt < 0:
+            u = dev_prev[v]
+            if u >= 0 and abs(op_end[u] - s) <= eps:
+                nxt = u
+        if nxt < 0:  # started when something off the path freed (e.g. a late input): take the latest input
+            best = -1.0
+            for k in range(in_ptr[v], in_ptr[v + 1]):
+                t = in_tensor[k]
+                u = tensor_op[t]
+                a = op_end[u] if placement[u] == d else arrival[t * D + d]
+                if a > best:
+                    best, nxt = a, u
+                    comm = placement[u] != d
+            if dev_prev[v] >= 0 and op_end[dev_prev[v]] > best:
+                nxt = dev_prev[v]
+                comm = False
+        if comm:
+            comm_src[nc] = nxt
+            comm_dst[nc] = v
+            nc += 1
+        v = nxt
+    return nc
+
+
+class CriticalPath:
+    """The critical path of one simulated placement: ``ops`` (bool per op), ``groups``
+    (critical groups in path order, earliest first), ``comm`` ((producer group,
+    consumer group) pairs of the transfers on it) and per-device busy time."""
+
+    def __init__(self, cost_model, assignment):
+        g = cost_model.graph
+        D = cost_model.n_devices
+        r = cost_model.simulate(np.asarray(assignment, np.int32), trace=True)
+        tr = r.trace
+        self.step_time_us = r.step_time_us
+        self.busy_us = r.busy_us
+        n = g.n_ops
+        on = np.zeros(n, np.bool_)
+        comm_s = np.zeros(n + 1, np.int64)
+        comm_d = np.zeros(n + 1, np.int64)
+        if tr is not None and n:
+            arrival = np.full(max(g.n_tensors, 1) * D, np.inf)
+            arrival[tr.x_tensor * D + tr.x_dst] = tr.x_end
+            p = tr.placement
+            o = np.lexsort((tr.op_end, tr.op_start, p))
+            dev_prev = np.full(n, -1, np.int64)
+            same = p[o[1:]] == p[o[:-1]]
+            dev_prev[o[1:][same]] = o[:-1][same]
+            c = g.csr
+            ce = np.flatnonzero(g.edge_tensor < 0)
+            co = ce[np.argsort(g.edge_dst[ce], kind="stable")]
+            cpred_ptr = np.searchsorted(g.edge_dst[co], np.arange(n + 1)).astype(np.int64)
+            nc = _walk(p, tr.op_start, tr.op_end, c.in_ptr.astype(np.int64), c.in_tensor.astype(np.int64),
+                       g.tensor_op.astype(np.int64), cpred_ptr, g.edge_src[co].astype(np.int64), arrival,
+                       dev_prev, on, comm_s, comm_d)
+        else:
+            nc = 0
+        self.ops = on
+        path_ops = np.flatnonzero(on)
+        order = path_ops[np.argsort(tr.op_start[path_ops], kind="stable")] if len(path_ops) else path_ops
+        grp = g.group[order]
+        # groups in path order, each once (its first appearance)
+        _, first = np.unique(grp, return_index=True)
+        self.groups = grp[np.sort(first)].astype(np.int64)
+        gs, gd = g.group[comm_s[:nc]], g.group[comm_d[:nc]]
+        self.comm = np.stack([gs, gd], axis=1).astype(np.int64) if nc else np.zeros((0, 2), np.int64)
+
+
+class CriticalMoves:
+    """Neighbour assignments aimed at a critical path (see the module docstring)."""
+
+    KINDS = ("pull", "neighbour", "chain", "offload", "swap")
+
+    def __init__(self, problem, rng, chain_max: int = 8):
+        from .partition import group_edges
+
+        self.problem = problem
+        self.rng = rng
+        self.allowed = problem.allowed
+        self.movable = problem.allowed.sum(axis=1) >= 2
+        self.chain_max = chain_max
+        s, d, _ = group_edges(problem)
+        both_s, both_d = np.concatenate([s, d]), np.concatenate([d, s])
+        o = np.argsort(both_s, kind="stable")
+        self.nb_ptr = np.searchsorted(both_s[o], np.arange(problem.n_groups + 1))
+        self.nb = both_d[o]
+
+    def _set(self, a, groups, dev) -> bool:
+        """Put every movable group of ``groups`` that may run on ``dev`` there."""
+        changed = False
+        for k in np.atleast_1d(groups):
+            if self.movable[k] and self.allowed[k, dev] and a[k] != dev:
+                a[k] = dev
+                changed = True
+        return changed
+
+    def propose(self, cur, cp: CriticalPath, kind: str):
+        """One neighbour of ``cur`` of the given kind, or None when the path offers none."""
+        rng = self.rng
+        a = cur.copy()
+        groups = cp.groups[self.movable[cp.groups]] if len(cp.groups) else cp.groups
+        if kind == "pull" and len(cp.comm):
+            gs, gd = cp.comm[rng.integers(len(cp.comm))]
+            src, dst = (gs, gd) if rng.random() < 0.5 else (gd, gs)
+            return a if self._set(a, src, cur[dst]) else None
+        if not len(groups):
+            return None
+        if kind == "neighbour":
+            k = groups[rng.integers(len(groups))]
+            nb = self.nb[self.nb_ptr[k]:self.nb_ptr[k + 1]]
+            devs = np.unique(cur[nb]) if len(nb) else np.arange(self.problem.n_devices)
+            devs = devs[(devs != cur[k]) & self.allowed[k, devs]]
+            if not len(devs):
+                return None
+            return a if self._set(a, k, devs[rng.integers(len(devs))]) else None
+        if kind == "chain":
+            all_g = cp.groups
+            L = int(rng.integers(2, self.chain_max + 1))
+            i = int(rng.integers(max(1, len(all_g) - L + 1)))
+            seg = all_g[i:i + L]
+            dev = cur[seg[rng.integers(len(seg))]]
+            return a if self._set(a, seg, dev) else None
+        if kind == "offload":
+            on_busy = groups[cur[groups] == int(np.argmax(cp.busy_us))]
+            if not len(on_busy):
+                return None
+            k = on_busy[rng.integers(len(on_busy))]
+            load = np.where(self.allowed[k], cp.busy_us, np.inf)
+            load[cur[k]] = np.inf
+            dev = int(np.argmin(load))
+            return a if np.isfinite(load[dev]) and self._set(a, k, dev) else None
+        if kind == "swap":
+            k = groups[rng.integers(len(groups))]
+            for _ in range(8):
+                h = int(rng.integers(self.problem.n_groups))
+                if (cur[h] != cur[k] and self.movable[h] and self.allowed[k, cur[h]]
+                        and self.allowed[h, cur[k]]):
+                    a[k], a[h] = cur[h], cur[k]
+                    return a
+        return None

