@@ -16,7 +16,8 @@ import numpy as np
 
 from placetool.costmodel.errors import UserError
 
-from .common import check_writable, emit_json, fmt_us, json_option
+from .common import (PositiveFloat, check_writable, emit_json, fmt_us, json_option, placement_option, profile_option,
+                     quiet_option, workers_option)
 
 
 # ------------------------------------------------------------------ options
@@ -29,7 +30,7 @@ def device_options(f):
                      help="With --testbed: one CPU per worker, or one GPU per worker (CUDA_VISIBLE_DEVICES=k).")(f)
     f = click.option("--testbed", "testbed_n", type=click.IntRange(min=1), default=None,
                      help="Start N local workers for this command and stop them after.")(f)
-    f = click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0, show_default=True,
+    f = click.option("--timeout", "timeout_s", type=PositiveFloat(at_least=1), default=120.0, show_default=True,
                      help="Seconds to wait for workers to come up, and for any one step.")(f)
     return f
 
@@ -119,9 +120,9 @@ def testbed():
 
 
 @testbed.command("up")
-@click.option("--workers", "-n", type=click.IntRange(min=1), default=2, show_default=True)
+@workers_option("Worker processes to start.", default=2)
 @click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True)
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0, show_default=True)
+@click.option("--timeout", "timeout_s", type=PositiveFloat(at_least=1), default=120.0, show_default=True)
 @click.option("--state", type=click.Path(dir_okay=False), default=None, help="State file (default: ~/.local/state/placetool/testbed.json).")
 @json_option
 def testbed_up(workers, device, timeout_s, state, as_json):
@@ -214,7 +215,7 @@ def testbed_status(state, as_json):
 @click.option("--split-steps", type=click.IntRange(min=0), default=3, show_default=True,
               help="Random split placements measured per graph to fit the per-transfer latency (0: keep the timed one).")
 @click.option("--name", default="calibrated", show_default=True, help="Name of the calibrated cluster.")
-@click.option("--quiet", "-q", is_flag=True)
+@quiet_option
 @json_option
 def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, testbed_device, cluster_spec,
               local, out, cluster_out, trace_steps, reps, max_transfer, split_steps, name, quiet, as_json):
@@ -268,17 +269,16 @@ def predict(cm, profile, p) -> tuple[float, float]:
 @click.option("--graph", "-g", "source", required=True,
               help="Model to trace and run: zoo name, module:function, SavedModel or .pb.")
 @source_options
-@click.option("--placement", "-p", required=True,
-              help="A placement JSON file, single:DEVICE, round-robin or random[:SEED].")
-@click.option("--profile", default=None, type=click.Path(dir_okay=False),
-              help="Profile from placetool calibrate (predictions use it; its cluster is the default).")
+@placement_option(required=True)
+@profile_option("Profile from placetool calibrate (predictions use it; its cluster is the default).")
 @click.option("--cluster", "-c", default=None, help="Cluster for predictions (default: the profile's).")
 @device_options
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Timed steps (median).")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
 @json_option
+@quiet_option
 def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster, testbed_n, timeout_s,
-           testbed_device, cluster_spec, local, steps, warmup, as_json):
+           testbed_device, cluster_spec, local, steps, warmup, as_json, quiet):
     """Run a placement for real and compare its measured step time with the prediction."""
     from placetool.costmodel import CostModel, presets
     from placetool.costmodel.calibration import load_profile
@@ -306,7 +306,7 @@ def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster
     check_placement(t.graph, p, spec0)  # before any worker starts
     sim, over = predict(cm, prof, p)
     predicted = sim + over
-    log = _log(as_json)
+    log = _log(as_json or quiet)
     with devices(testbed_n, testbed_device, cluster_spec, local, timeout_s, log) as spec:
         log(f"measuring {t.graph.name} ({t.graph.n_ops} ops), {warmup} warm-up + {steps} timed steps ...")
         m = measure(t, p, spec, warmup=warmup, steps=steps, timeout_s=timeout_s)

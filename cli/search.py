@@ -8,8 +8,8 @@ import sys
 import click
 import numpy as np
 
-from .common import (check_writable, cluster_option, emit_json, fmt_us, graph_option,
-                     json_option, load_problem, progress, write_json)
+from .common import (budget_options, check_writable, cluster_option, emit_json, fmt_us, graph_option,
+                     json_option, load_problem, out_option, profile_option, progress, quiet_option, write_json)
 
 DEFAULT_METHOD = "sa"
 DEFAULT_SECONDS = 20.0
@@ -58,20 +58,19 @@ def _method_options(fn, name: str, given: dict) -> dict:
 
 
 class _Bar:
-    """Progress on stderr, driven by the tracker's callback (fraction of the budget)."""
+    """Progress on stderr, driven by the tracker's callback: the fraction of the budget
+    spent and the best step time so far; 100% once the search returns."""
 
     def __init__(self, budget, enabled: bool):
         self.budget = budget
-        self.ctx = progress(1000, "searching", enabled)
-        self.bar = None
-        self.pos = 0
+        self.bar = progress(1000, "searching", enabled)
 
     def __enter__(self):
-        self.bar = self.ctx.__enter__()
+        self.bar.__enter__()
         return self
 
     def __exit__(self, *a):
-        return self.ctx.__exit__(*a)
+        return self.bar.__exit__(*a)
 
     def __call__(self, evaluations, seconds, best_step_us):
         f = 0.0
@@ -79,10 +78,7 @@ class _Bar:
             f = max(f, evaluations / self.budget.evals)
         if self.budget.seconds:
             f = max(f, seconds / self.budget.seconds)
-        pos = int(min(f, 1.0) * 1000)
-        if pos > self.pos:
-            self.bar.update(pos - self.pos)
-            self.pos = pos
+        self.bar.advance_to(int(min(f, 1.0) * 1000), best_step_us)
 
 
 @click.command()
@@ -91,14 +87,13 @@ class _Bar:
 @click.option("--method", "-m", default=DEFAULT_METHOD, show_default=True,
               help="Search method (`--method list` or `--list` shows them).")
 @click.option("--list", "list_only", is_flag=True, help="List the methods and exit.")
-@click.option("--budget-evals", type=int, default=None, help="Stop after this many simulated placements.")
-@click.option("--budget-seconds", type=float, default=None,
-              help=f"Stop after this many seconds (default {DEFAULT_SECONDS:g} when no budget is given).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed: same seed, same answer.")
-@click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
-              help="Write the best placement as JSON (op -> device).")
-@click.option("--profile", default=None, help="A measured profile (placetool calibrate) for op times.")
+@budget_options(seconds_help=f"Stop after this many seconds (default {DEFAULT_SECONDS:g} when no budget is given).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Random seed (>= 0): same seed, same answer.")
+@out_option("Write the best placement as JSON (op -> device).")
+@profile_option()
 @json_option
+@quiet_option
 @click.option("--compare", "--baseline", "compare", is_flag=True,
               help=f"Also run {', '.join(COMPARE_WITH)} and print them beside the result.")
 @click.option("--storage", default=None, help="tpe: Optuna storage URL (e.g. sqlite:///study.db) to persist/share a study.")
@@ -114,7 +109,7 @@ class _Bar:
 @click.option("--local", is_flag=True, help="--verify-top: measure on this process's own devices.")
 @click.option("--progress/--no-progress", "show_progress", default=True,
               help="Progress bar on stderr (only on a terminal).")
-def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed, out, profile, as_json,
+def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed, out, profile, as_json, quiet,
            compare, storage, policy, init_from, logdir, verify_top, testbed_n, cluster_spec, local,
            show_progress):
     """Search a placement of GRAPH on CLUSTER with METHOD within a budget.
@@ -147,7 +142,7 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     problem = S.Problem(cm)  # SearchError when no placement can fit
     if verify_top:
         _check_verify_options(g, cl, testbed_n, cluster_spec, local)  # before searching
-    with _Bar(budget, show_progress and not as_json) as bar:
+    with _Bar(budget, show_progress and not (as_json or quiet)) as bar:
         result = S.run(method, problem, budget, seed=seed, progress=bar, keep_top=verify_top or 0, **options)
 
     lb = result.lower_bound_us
@@ -182,7 +177,7 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     if baselines:
         obj["baselines"] = baselines
     if verify_top:
-        obj["verified"] = _verify(g, cl, cm, result, verify_top, testbed_n, cluster_spec, local, as_json)
+        obj["verified"] = _verify(g, cl, cm, result, verify_top, testbed_n, cluster_spec, local, as_json or quiet)
     if out and result.feasible:
         write_json(out, cm.placement_to_json(result.placement, result.step_time_us, extra={
             "method": method, "seed": seed, "feasible": True, "lower_bound_us": lb}))

@@ -9,8 +9,8 @@ import numpy as np
 
 from placetool.costmodel.errors import UserError
 
-from .common import (check_writable, cluster_option, emit_json, fmt_us, graph_option,
-                     json_option, load_problem, write_json)
+from .common import (check_writable, cluster_option, emit_json, fmt_us, graph_option, json_option,
+                     load_problem, placement_option, profile_option, write_json)
 
 
 def parse_placement(spec: str, cm) -> np.ndarray:
@@ -49,9 +49,8 @@ def _assign_groups(cm, choose) -> np.ndarray:
 @click.command()
 @graph_option()
 @cluster_option()
-@click.option("--placement", "-p", default="round-robin", show_default=True,
-              help="A placement JSON file, single:DEVICE, round-robin or random[:SEED].")
-@click.option("--profile", default=None, help="A measured profile (placetool calibrate) for op times.")
+@placement_option(default="round-robin")
+@profile_option()
 @json_option
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Chrome trace (Perfetto).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a per-device Gantt PNG.")
