@@ -401,8 +401,77 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def _init_worker(threads: int | None) -> None:
-    """Process-pool worker start: pin numba and BLAS threads so workers share the cores."""
+def exit_with(pid: int) -> None:
+    """Exit this process (at once, ``os._exit``) when process ``pid`` ends.
+
+    Pool workers are children of the forkserver, not of the driver, and the forkserver
+    lives as long as any worker does; so a worker watches the driver itself. A pidfd
+    wakes the watching thread the moment the driver ends (polling /proc where there is
+    none); ``PR_SET_PDEATHSIG`` covers the forkserver going away too.
+    """
+    import threading
+
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+    def watch():
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            import select
+
+            p = select.poll()
+            p.register(fd, select.POLLIN)
+            p.poll()  # readable once the process has ended
+        else:
+            while _process_alive(pid):
+                time.sleep(0.5)
+        os._exit(128 + signal.SIGTERM)
+
+    if not _process_alive(pid):
+        os._exit(128 + signal.SIGTERM)
+    threading.Thread(target=watch, name="exit-with-driver", daemon=True).start()
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has ended
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _worker_term(signum, frame) -> None:
+    """A pool worker told to stop: release what this process registered with the
+    multiprocessing resource tracker (numba's init lock), then exit at once. (SystemExit
+    would be caught by the pool's task loop and sent back as the task's result.)"""
+    import multiprocessing.util as mpu
+
+    try:
+        mpu._run_finalizers(0)
+    finally:
+        os._exit(128 + signum)
+
+
+def _init_worker(threads: int | None, driver: int | None = None) -> None:
+    """Process-pool worker start: exit with the driver process (no orphans when it is
+    killed), pin numba and BLAS threads so workers share the cores."""
+    if driver:
+        exit_with(driver)
+    signal.signal(signal.SIGTERM, _worker_term)
     if threads:
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[var] = str(threads)
@@ -437,7 +506,7 @@ def run_pool(runs: list[Run], workers: int, on_result: Callable[[dict], None], t
 
     def new_pool():
         return ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                                   initargs=(threads,))
+                                   initargs=(threads, os.getpid()))
 
     pending, suspects = deque(runs), deque()
     lost: dict[Run, int] = {}    # times a run was in flight when its pool broke
@@ -485,8 +554,32 @@ def run_pool(runs: list[Run], workers: int, on_result: Callable[[dict], None], t
                 continue
             for f in done:
                 on_result(_result(f, inflight.pop(f), lost))
+    except BaseException:
+        # interrupted or terminated: the runs in flight are lost anyway (nothing of theirs
+        # is stored), so stop their workers now instead of waiting for them at exit
+        _kill_workers(pool)
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _kill_workers(pool, grace_s: float = 3.0) -> None:
+    """SIGTERM every worker of ``pool``, SIGKILL those still there after ``grace_s``."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for sig_method in ("terminate", "kill"):
+        for proc in procs:
+            try:
+                if proc.is_alive():
+                    getattr(proc, sig_method)()
+            except (OSError, ValueError, AssertionError):
+                pass
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            try:
+                proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            except (OSError, ValueError, AssertionError):
+                pass
 
 
 def _result(fut, run: Run, lost: dict) -> dict:
