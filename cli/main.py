@@ -35,9 +35,12 @@ COMMANDS = {
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 
-class Terminated(BaseException):
+class Terminated(SystemExit):
     """SIGTERM (``timeout``, Slurm, PBS): unwinds like Ctrl-C, so pools and workers are
-    stopped by the ``finally`` blocks on the way out."""
+    stopped by the ``finally`` blocks on the way out; uncaught, it still exits 143."""
+
+    def __init__(self):
+        super().__init__(EXIT_TERMINATED)
 
 
 def _on_sigterm(signum, frame):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import sys
 
 import click
@@ -142,8 +143,16 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     problem = S.Problem(cm)  # SearchError when no placement can fit
     if verify_top:
         _check_verify_options(g, cl, testbed_n, cluster_spec, local)  # before searching
-    with _Bar(budget, show_progress and not (as_json or quiet)) as bar:
-        result = S.run(method, problem, budget, seed=seed, progress=bar, keep_top=verify_top or 0, **options)
+    interrupted = None  # exit status when Ctrl-C (130) or SIGTERM (143) cut the search short
+    try:
+        with _Bar(budget, show_progress and not (as_json or quiet)) as bar:
+            result = S.run(method, problem, budget, seed=seed, progress=bar, keep_top=verify_top or 0, **options)
+    except (KeyboardInterrupt, SystemExit) as e:
+        result = getattr(e, "partial_result", None)
+        if result is None:  # nothing evaluated yet: nothing to keep
+            raise
+        interrupted = e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
+        compare = verify_top = None  # report what was found, start nothing new
 
     lb = result.lower_bound_us
     reason = None if result.feasible else cm.simulate(result.placement).reason
@@ -183,10 +192,19 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
             "method": method, "seed": seed, "feasible": True, "lower_bound_us": lb}))
         obj["out"] = out
 
+    if interrupted:
+        obj["interrupted"] = True
     if as_json:
         emit_json(obj)
     else:
         _print_human(g, cl, obj, baselines, out)
+    if interrupted:
+        what = "interrupted" if interrupted == 130 else "terminated"
+        kept = f"; the best placement so far is in {out}" if obj["out"] else ""
+        msg = f"{what} after {result.evaluations:,} placements{kept}"
+        click.echo(json.dumps({"error": msg, "exit_code": interrupted}) if as_json else f"placetool: {msg}",
+                   err=True)
+        sys.exit(interrupted)
     if not result.feasible:
         if not as_json:
             click.echo(f"placetool: the best placement found does not fit: {reason}"

@@ -80,3 +80,25 @@ def test_sweep_pool_leaves_no_orphans(tmp_path, start, sig):
     if sig == signal.SIGTERM:
         err = p.stderr.read()
         assert err.strip().splitlines()[-1] == "placetool: terminated", err
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["INT", "TERM"])
+def test_interrupted_search_keeps_the_best_so_far(tmp_path, start, sig, code):
+    """Ctrl-C or SIGTERM during `search`: the best placement found so far is written and
+    printed, the exit status says why, and no process of the run is left."""
+    import json
+
+    p = start(["search", "-g", "synthetic-300", "-c", "k80x2", "-m", "sa", "--budget-seconds", "300",
+               "-o", "best.json", "--json"])
+    time.sleep(12)  # load, compile from numba's cache, start annealing
+    assert p.poll() is None, p.stderr.read()
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == code, err
+    obj = json.loads(out)
+    assert obj["interrupted"] is True and obj["evaluations"] > 0 and obj["out"] == "best.json"
+    doc = json.loads((tmp_path / "best.json").read_text())
+    assert doc["step_time_us"] == obj["step_time_us"] and len(doc["devices"]) == 300
+    last = json.loads(err.strip().splitlines()[-1])
+    assert last["exit_code"] == code and "best.json" in last["error"]
+    assert wait_for(lambda: not session_pids(p.pid), 5)
