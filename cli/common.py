@@ -8,6 +8,7 @@ earlier releases used are still accepted (``old=``) but no longer shown in ``--h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -145,15 +146,89 @@ def _jsonable(x):
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
-def check_writable(path) -> None:
-    """Fail before any work if an output path's folder does not exist."""
+def check_writable(path, option: str | None = None, folder: bool = False) -> None:
+    """Fail before any work if an output cannot be written: a file and a temporary file
+    are created and removed where it will go (a read-only or full file system, a missing
+    folder, a folder in place of a file...). ``folder``: the output is a folder, created
+    later if missing; its nearest existing parent is tried."""
+    import os
+    import tempfile
     from pathlib import Path
 
     if path is None:
         return
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise UserError(f"cannot write {path}: folder {parent} does not exist")
+    p = Path(path)
+    what = f"{option} {path}" if option else str(path)
+    if folder:
+        if p.exists() and not p.is_dir():
+            raise UserError(f"cannot write {what}: exists and is not a folder")
+        probe = p.resolve()
+        while not probe.exists():
+            probe = probe.parent
+        if not probe.is_dir():
+            raise UserError(f"cannot write {what}: {probe} is not a folder")
+    else:
+        if p.is_dir():
+            raise UserError(f"cannot write {what}: it is a folder")
+        probe = p.resolve().parent
+        if not probe.is_dir():
+            raise UserError(f"cannot write {what}: folder {probe} does not exist")
+        if p.exists() and not os.access(p, os.W_OK):
+            raise UserError(f"cannot write {what}: the file is read-only")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=probe, prefix=".placetool-probe-")
+        try:
+            os.write(fd, b"\0" * 4096)  # a full disk often still takes an empty file
+        finally:
+            os.close(fd)
+            os.unlink(tmp)
+    except OSError as e:
+        raise UserError(f"cannot write {what}: {e.strerror or e} ({probe})") from None
+
+
+@contextlib.contextmanager
+def atomic_output(path):
+    """A temporary path beside ``path`` (same suffix) that becomes ``path`` only when the
+    block ends without error: a failed write never leaves a half-written file."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from placetool.costmodel.errors import OutputError
+
+    p = Path(path)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=p.resolve().parent, prefix=f".{p.stem}.", suffix=p.suffix)
+        os.close(fd)
+        yield tmp
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, p)
+    except OSError as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, UserError):
+            raise
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
+    except BaseException:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_plot_format(path, option: str = "--plot") -> None:
+    """The file extension of a figure must be a format matplotlib writes (before any work)."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    ext = Path(path).suffix.lower().lstrip(".")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if ext not in formats:
+        raise UserError(f"{option} {path}: unknown figure format {('.' + ext) if ext else '(no extension)'}; "
+                        f"use one of {', '.join('.' + f for f in sorted(formats))}")
 
 
 def fmt_us(us: float) -> str:

@@ -16,7 +16,7 @@ import numpy as np
 
 from placetool.costmodel.errors import UserError
 
-from .common import (PositiveFloat, check_writable, emit_json, fmt_us, json_option, placement_option, profile_option,
+from .common import (PositiveFloat, atomic_output, check_writable, emit_json, fmt_us, json_option, placement_option, profile_option,
                      quiet_option, workers_option)
 
 
@@ -221,8 +221,8 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
               local, out, cluster_out, trace_steps, reps, max_transfer, split_steps, name, quiet, as_json):
     """Measure op times and links on real devices; write a profile and a cluster file."""
     cluster_out = cluster_out or str(Path(out).with_suffix(".toml"))
-    check_writable(out)
-    check_writable(cluster_out)
+    check_writable(out, "--out")
+    check_writable(cluster_out, "--cluster-out")
     planned_spec(testbed_n, testbed_device, cluster_spec, local) if not testbed_n else None
     from placetool.costmodel.tf.calibrate import DEFAULT_SIZES, calibrate as run_calibration
     from placetool.costmodel.tf.importer import trace
@@ -237,8 +237,10 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
     with devices(testbed_n, testbed_device, cluster_spec, local, timeout_s, log) as spec:
         profile, cluster = run_calibration(traced, spec, sizes=sizes, trace_steps=trace_steps, reps=reps,
                                            name=name, log=log, timeout_s=timeout_s, split_steps=split_steps)
-    profile.save(out)
-    cluster.save(cluster_out)
+    # both files or neither: a profile without its cluster is a mismatched pair
+    with atomic_output(out) as tmp_profile, atomic_output(cluster_out) as tmp_cluster:
+        profile.save(tmp_profile)
+        cluster.save(tmp_cluster)
     summary = {
         "profile": str(out), "cluster": str(cluster_out), "devices": [d["name"] for d in profile.devices],
         "step_overhead_us": profile.step_overhead_us, "dispatch_us": profile.dispatch_us,

@@ -28,7 +28,7 @@ def import_cmd(source, out, mode, batch, optimizer, name, as_json):
     Keras model (importable from the current directory), a SavedModel directory, or a
     GraphDef file (.pb/.pbtxt).
     """
-    check_writable(out)
+    check_writable(out, "--out")
     from placetool.costmodel.tf.importer import import_graph
 
     t = time.perf_counter()

@@ -100,6 +100,9 @@ def main(argv=None) -> None:
         fail(e.format_message(), e.exit_code, as_json)
     except UserError as e:
         fail(str(e), EXIT_USAGE, as_json)
+    except OSError as e:  # a file system problem the command did not name itself
+        where = f"{e.filename}: " if e.filename else ""
+        fail(f"{where}{e.strerror or e}", EXIT_USAGE, as_json)
     except KeyboardInterrupt:
         fail("interrupted", EXIT_INTERRUPTED, as_json)
     except Terminated:

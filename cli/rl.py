@@ -58,7 +58,8 @@ def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps,
     from placetool.costmodel import CostModel, presets
     from placetool.search.base import Problem
 
-    check_writable(out.rstrip("/"))  # its parent must exist; OUT itself is created
+    check_writable(out, "--out", folder=True)
+    check_writable(logdir, "--logdir", folder=True)
     graphs, clusters = _names(graphs), _names(clusters)
     if not graphs:
         raise UserError("rl pretrain: --graph names no graph")

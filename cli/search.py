@@ -124,6 +124,8 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     if list_only or method == "list":
         _list_methods(as_json)
         return
+    check_writable(out, "--out")
+    check_writable(logdir, "--logdir", folder=True)
     try:
         fn = S.get(method)  # unknown method: SearchError before any loading
     except ImportError as e:
@@ -137,7 +139,6 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     given = {k: v for k, v in dict(storage=storage, policy=policy, init_from=init_from, logdir=logdir).items()
              if v is not None}
     options = _method_options(fn, method, given)
-    check_writable(out)
 
     g, cl, cm = load_problem(graph, cluster, profile)
     problem = S.Problem(cm)  # SearchError when no placement can fit

@@ -9,7 +9,7 @@ import numpy as np
 
 from placetool.costmodel.errors import UserError
 
-from .common import (check_writable, cluster_option, emit_json, fmt_us, graph_option, json_option,
+from .common import (atomic_output, check_plot_format, check_writable, cluster_option, emit_json, fmt_us, graph_option, json_option,
                      load_problem, placement_option, profile_option, write_json)
 
 
@@ -53,11 +53,12 @@ def _assign_groups(cm, choose) -> np.ndarray:
 @profile_option()
 @json_option
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Chrome trace (Perfetto).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a per-device Gantt PNG.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a per-device Gantt chart (.png, .pdf, .svg, ...).")
 def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path):
     """Simulate one placement of GRAPH on CLUSTER and print its step time."""
-    check_writable(trace_path)
-    check_writable(plot_path)
+    check_writable(trace_path, "--trace")
+    check_writable(plot_path, "--plot")
+    check_plot_format(plot_path)
     g, cl, cm = load_problem(graph, cluster, profile)
     p = parse_placement(placement, cm)
     want_trace = bool(trace_path or plot_path)
@@ -67,7 +68,8 @@ def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path)
     if trace_path:
         write_json(trace_path, r.trace.to_chrome(g, cl))
     if plot_path:
-        r.trace.plot(g, cl, plot_path)
+        with atomic_output(plot_path) as tmp:
+            r.trace.plot(g, cl, tmp)
     out = {"graph": g.name, "cluster": cl.name, "placement": placement, **r.to_dict(),
            "lower_bound_us": cm.lower_bound_us()}
     if as_json:

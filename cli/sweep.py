@@ -43,10 +43,12 @@ def sweep(sweep_file, results, workers, dask, scheduler, scheduler_file, placeme
     if workers is not None and (scheduler or scheduler_file):
         raise SweepError("--workers sizes a local pool or --dask cluster; an existing cluster has its own")
     sw = load_sweep(sweep_file)  # every name and option checked before anything runs
-    check_writable(results)
+    check_writable(results, "--results")
     if placements_dir is None:
         p = Path(results)
         placements_dir = str(p.with_name(p.stem + "-placements"))
+    if not dry_run:
+        check_writable(placements_dir, "--placements-dir", folder=True)
     if dry_run:
         with ResultStore(results, create=False) if Path(results).is_file() else _NoStore() as st:
             have = st.statuses()
@@ -146,6 +148,7 @@ def report(results, out_dir, html, no_gantt, as_json):
 
     if not Path(results).is_file():
         raise UserError(f"{results}: no such results file")
+    check_writable(out_dir, "--out", folder=True)
     r = build_report(results, out_dir, html=html, gantt=not no_gantt)
     if as_json:
         emit_json({k: v for k, v in r.items() if k != "summary"})

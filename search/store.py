@@ -17,6 +17,7 @@ their records to it), so there is a single writer and no locking between workers
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from pathlib import Path
@@ -82,7 +83,9 @@ class ResultStore:
             self.db.row_factory = sqlite3.Row
             self._check_or_create(create)
         except sqlite3.DatabaseError as e:
-            raise StoreError(f"{self.path}: not a results database ({e})") from None
+            raise StoreError(f"{self.path}: not a results database, or a damaged one ({e})") from None
+        except sqlite3.Error as e:  # e.g. a read-only file system when the table must be created
+            raise StoreError(f"cannot open {self.path}: {e}") from None
 
     def _check_or_create(self, create: bool) -> None:
         tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -119,35 +122,50 @@ class ResultStore:
             if row[c] is None:
                 raise ValueError(f"a run record needs {c!r}")
         marks = ", ".join("?" for _ in NAMES)
-        with self.db:
-            self.db.execute(
-                f"INSERT INTO runs ({', '.join(NAMES)}) VALUES ({marks}) "
-                f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET "
-                + ", ".join(f"{c} = excluded.{c}" for c in NAMES if c not in KEY),
-                [row[c] for c in NAMES],
-            )
+        with self._errors("cannot record a run in"):
+            with self.db:
+                self.db.execute(
+                    f"INSERT INTO runs ({', '.join(NAMES)}) VALUES ({marks}) "
+                    f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET "
+                    + ", ".join(f"{c} = excluded.{c}" for c in NAMES if c not in KEY),
+                    [row[c] for c in NAMES],
+                )
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str):
+        """SQLite and JSON failures (read-only or full disk, a damaged file) as a
+        StoreError naming the file."""
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise StoreError(f"{doing} {self.path}: {e}") from None
+        except (ValueError, UnicodeDecodeError) as e:  # a damaged JSON column
+            raise StoreError(f"{doing} {self.path}: damaged row ({e})") from None
 
     # ------------------------------------------------------------------ reading
     def statuses(self) -> dict[tuple, str]:
         """Grid point key -> status, for every row."""
         q = f"SELECT {', '.join(KEY)}, status FROM runs"
-        return {tuple(r[:-1]): r[-1] for r in self.db.execute(q)}
+        with self._errors("cannot read"):
+            return {tuple(r[:-1]): r[-1] for r in self.db.execute(q)}
 
     def rows(self, status: str | None = None) -> list[dict]:
         """All rows (or those with one status) as dicts, JSON columns decoded."""
         q = "SELECT * FROM runs" + (" WHERE status = ?" if status else "") + " ORDER BY " + ", ".join(KEY)
         out = []
-        for r in self.db.execute(q, (status,) if status else ()):
-            d = {c: None for c in NAMES} | dict(r)
-            for c in JSON_COLUMNS:
-                if d.get(c) is not None:
-                    d[c] = json.loads(d[c])
-            out.append(d)
+        with self._errors("cannot read"):
+            for r in self.db.execute(q, (status,) if status else ()):
+                d = {c: None for c in NAMES} | dict(r)
+                for c in JSON_COLUMNS:
+                    if d.get(c) is not None:
+                        d[c] = json.loads(d[c])
+                out.append(d)
         return out
 
     def count(self, status: str | None = None) -> int:
         q = "SELECT COUNT(*) FROM runs" + (" WHERE status = ?" if status else "")
-        return self.db.execute(q, (status,) if status else ()).fetchone()[0]
+        with self._errors("cannot read"):
+            return self.db.execute(q, (status,) if status else ()).fetchone()[0]
 
     def close(self) -> None:
         self.db.close()
