@@ -6,6 +6,8 @@ import time
 
 import click
 
+from placetool.costmodel.errors import UserError
+
 from .common import check_writable, emit_json, json_option
 
 
@@ -35,6 +37,8 @@ def import_cmd(source, out, mode, batch, optimizer, name, as_json):
     g = import_graph(source, mode=mode, batch=batch, optimizer=optimizer,
                      **({"name": name} if name else {}))
     secs = time.perf_counter() - t
+    if g.n_ops == 0:
+        raise UserError(f"{source}: the imported graph has no ops to place; {out} not written")
     g.save(out)
     s = g.summary()
     s.update(out=str(out), seconds=round(secs, 3), mode=mode)
