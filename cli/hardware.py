@@ -61,13 +61,19 @@ def parse_zoo_args(items) -> dict:
     return out
 
 
+def check_one_source(testbed_n, cluster_spec, local) -> None:
+    """At most one of --testbed, --cluster-spec, --local (before anything starts)."""
+    chosen = [name for name, x in (("--testbed", testbed_n), ("--cluster-spec", cluster_spec), ("--local", local))
+              if x]
+    if len(chosen) > 1:
+        raise UserError(f"give only one of --testbed N, --cluster-spec FILE, --local (got {' and '.join(chosen)})")
+
+
 def planned_spec(testbed_n, testbed_device, cluster_spec, local):
     """The devices a command will use, known before anything starts (for early checks)."""
     from placetool.costmodel.tf.testbed import ClusterSpec, Testbed, TestbedError, default_state_path
 
-    chosen = [x for x in (testbed_n, cluster_spec, local or None) if x]
-    if len(chosen) > 1:
-        raise UserError("give only one of --testbed N, --cluster-spec FILE, --local")
+    check_one_source(testbed_n, cluster_spec, local)
     if testbed_n:
         return ClusterSpec.for_workers(["localhost:0"] * testbed_n, testbed_device)
     if cluster_spec:
@@ -223,6 +229,7 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
     cluster_out = cluster_out or str(Path(out).with_suffix(".toml"))
     check_writable(out, "--out")
     check_writable(cluster_out, "--cluster-out")
+    check_one_source(testbed_n, cluster_spec, local)
     planned_spec(testbed_n, testbed_device, cluster_spec, local) if not testbed_n else None
     from placetool.costmodel.tf.calibrate import DEFAULT_SIZES, calibrate as run_calibration
     from placetool.costmodel.tf.importer import trace

@@ -137,6 +137,8 @@ class ResultStore:
         StoreError naming the file."""
         try:
             yield
+        except sqlite3.IntegrityError:  # a record that breaks the schema: a bug, not the file
+            raise
         except sqlite3.Error as e:
             raise StoreError(f"{doing} {self.path}: {e}") from None
         except (ValueError, UnicodeDecodeError) as e:  # a damaged JSON column
