@@ -162,27 +162,30 @@ def testbed_up(workers, device, timeout_s, state, as_json):
 
 @testbed.command("down")
 @click.option("--state", type=click.Path(dir_okay=False), default=None)
+@click.option("--keep-logs", is_flag=True, help="Keep the workers' log folder (it is removed by default).")
 @json_option
-def testbed_down(state, as_json):
-    """Stop the workers recorded in the state file."""
+def testbed_down(state, keep_logs, as_json):
+    """Stop the workers recorded in the state file and remove their log folder."""
     from placetool.costmodel.tf.testbed import Testbed, default_state_path
 
     path = Path(state or default_state_path())
     tb = Testbed.from_state(path)
     n = tb.n_workers
-    tb.stop()
+    log_dir = tb.log_dir if tb.own_log_dir and not keep_logs else None
+    tb.stop(keep_logs=keep_logs)
     path.unlink(missing_ok=True)
     if as_json:
-        emit_json({"stopped": n, "state": str(path)})
+        emit_json({"stopped": n, "state": str(path), "removed_logs": log_dir})
     else:
-        click.echo(f"testbed down: stopped {n} worker(s)")
+        click.echo(f"testbed down: stopped {n} worker(s)" + (f", removed {log_dir}" if log_dir else ""))
 
 
 @testbed.command("status")
 @click.option("--state", type=click.Path(dir_okay=False), default=None)
 @json_option
 def testbed_status(state, as_json):
-    """Show each worker: address, pid, alive, listening."""
+    """Show each worker: address, pid, alive, listening. Exit status 1 when a worker is
+    down or not listening (degraded), 0 when all are up or no testbed is recorded."""
     from placetool.costmodel.tf.testbed import Testbed, default_state_path
 
     path = Path(state or default_state_path())
@@ -196,12 +199,13 @@ def testbed_status(state, as_json):
     st = tb.status()
     up = all(s["alive"] and s["listening"] for s in st)
     if as_json:
-        emit_json({"up": up, "state": str(path), "workers": st})
-        return
+        emit_json({"up": up, "state": str(path), "log_dir": tb.log_dir, "workers": st})
+        return 0 if up else 1
     click.echo(f"testbed {'up' if up else 'DEGRADED'} ({path})")
     for s in st:
         click.echo(f"  task {s['task']}: {s['address']}  pid {s['pid']}  "
                    f"{'alive' if s['alive'] else 'dead'}, {'listening' if s['listening'] else 'not listening'}")
+    return 0 if up else 1
 
 
 # ------------------------------------------------------------------ calibrate
