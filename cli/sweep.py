@@ -113,7 +113,8 @@ def sweep(sweep_file, results, workers, dask, scheduler, scheduler_file, placeme
     else:
         rpm = summary["runs_per_minute"]
         click.echo(f"ran {summary['ran']}: {summary['ok']} ok, {summary['failed']} failed in "
-                   f"{summary['seconds']:.1f} s" + (f" ({rpm:,.0f} runs/min)" if rpm else ""))
+                   f"{summary['seconds']:.1f} s" + (f" ({rpm:,.0f} runs/min)" if rpm else "")
+                   + (f"; {summary['elsewhere']} run by another sweep on {results}" if summary["elsewhere"] else ""))
         for f in failures[:10]:
             click.echo(f"  failed: {f['method']} on {f['graph']}/{f['cluster']} seed {f['seed']}: "
                        f"{(f.get('error') or '').splitlines()[0] if f.get('error') else ''}")

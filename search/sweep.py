@@ -490,8 +490,9 @@ def _mp_context():
 
 
 def run_pool(runs: list[Run], workers: int, on_result: Callable[[dict], None], threads: int | None = None,
-             max_attempts: int = 2, run_fn: Callable = run_one) -> None:
+             max_attempts: int = 2, run_fn: Callable = run_one, claim: Callable[[Run], bool] | None = None) -> None:
     """Run on a local process pool, calling ``on_result(record)`` as each run finishes.
+    ``claim(run)``, asked just before a run starts, may say another driver has it.
 
     At most ``workers`` runs are in flight, so when a worker dies the suspects are known:
     they are re-run one at a time, which finds the culprit; a run whose worker dies
@@ -520,6 +521,8 @@ def run_pool(runs: list[Run], workers: int, on_result: Callable[[dict], None], t
             while len(inflight) < limit and (suspects or pending):
                 queue = suspects if suspects else pending
                 r = queue.popleft()
+                if queue is pending and claim is not None and not claim(r):
+                    continue
                 try:
                     inflight[pool.submit(run_fn, r, threads)] = r
                 except BrokenProcessPool:  # a worker died since the last wait: handled below
@@ -611,13 +614,18 @@ def dask_threads(client) -> dict:
 
 
 def run_dask(runs: list[Run], client, on_result: Callable[[dict], None], retries: int = 1,
-             run_fn: Callable = run_one) -> None:
+             run_fn: Callable = run_one, claim: Callable[[Run], bool] | None = None) -> None:
     """Run on a Dask cluster. The scheduler re-runs a task whose worker died
-    (``distributed.scheduler.allowed-failures`` times); after that it is recorded as failed."""
+    (``distributed.scheduler.allowed-failures`` times); after that it is recorded as failed.
+    ``claim(run)``: as in :func:`run_pool` (asked for every run before submitting)."""
     from distributed import KilledWorker, as_completed
 
     import uuid
 
+    if claim is not None:
+        runs = [r for r in runs if claim(r)]
+    if not runs:
+        return
     threads = dask_threads(client)
     batch = uuid.uuid4().hex[:8]  # keys unique per call: a shared client may still hold older ones
     futs = {}
@@ -684,42 +692,60 @@ def run_sweep(sweep: Sweep, store, *, workers: int | None = None, dask: bool = F
     if placements_dir is not None:
         Path(placements_dir).mkdir(parents=True, exist_ok=True)
     grid = sweep.runs(placements_dir)
-    have = store.statuses()
+    seen = store.row_versions()
     skip = {"ok"} | (set() if retry_failed else {"failed"})
-    todo = [r for r in grid if have.get(r.key) not in skip]
+    todo = [r for r in grid if seen.get(r.key, (None,))[0] not in skip]
     counts = {"ok": 0, "failed": 0}
     if on_start:
         on_start(len(grid), len(todo))
+    # claim each point just before it starts: several drivers on one store split the grid
+    owner = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+    elsewhere = []
+
+    def claim(run: Run) -> bool:
+        if store.claim(run.key, owner, seen.get(run.key)):
+            return True
+        elsewhere.append(run)
+        return False
 
     def done(rec):
         store.put(rec)
+        store.release(owner, tuple(rec[c] for c in ("graph", "cluster", "method", "seed", "budget", "options")))
+        store.heartbeat(owner)
         counts[rec["status"]] += 1
         if on_result:
             on_result(rec)
 
     t0 = time.perf_counter()
     runner = "pool"
-    if client is not None:
-        runner = "dask"
-        if todo:
-            run_dask(todo, client, done, run_fn=run_fn)
-    elif todo:
-        if dask or scheduler or scheduler_file:
+    try:
+        if client is not None:
             runner = "dask"
-            client, cluster = connect_dask(dask, scheduler, scheduler_file, workers)
-            try:
-                run_dask(todo, client, done, run_fn=run_fn)
-            finally:
-                client.close()
-                if cluster is not None:
-                    cluster.close()
-        else:
-            n = min(workers or cpu_count(), len(todo))
-            run_pool(todo, n, done, threads=max(1, cpu_count() // n), run_fn=run_fn)
+            if todo:
+                run_dask(todo, client, done, run_fn=run_fn, claim=claim)
+        elif todo:
+            if dask or scheduler or scheduler_file:
+                runner = "dask"
+                client, cluster = connect_dask(dask, scheduler, scheduler_file, workers)
+                try:
+                    run_dask(todo, client, done, run_fn=run_fn, claim=claim)
+                finally:
+                    client.close()
+                    if cluster is not None:
+                        cluster.close()
+            else:
+                n = min(workers or cpu_count(), len(todo))
+                run_pool(todo, n, done, threads=max(1, cpu_count() // n), run_fn=run_fn, claim=claim)
+    finally:
+        try:
+            store.release(owner)  # interrupted: what this driver did not finish is free again
+        except UserError:
+            pass
     secs = time.perf_counter() - t0
-    return {"sweep": sweep.name, "grid": len(grid), "skipped": len(grid) - len(todo), "ran": len(todo),
-            "ok": counts["ok"], "failed": counts["failed"], "seconds": secs, "runner": runner,
-            "runs_per_minute": 60 * len(todo) / secs if todo and secs > 0 else None}
+    ran = counts["ok"] + counts["failed"]
+    return {"sweep": sweep.name, "grid": len(grid), "skipped": len(grid) - len(todo), "ran": ran,
+            "elsewhere": len(elsewhere), "ok": counts["ok"], "failed": counts["failed"], "seconds": secs,
+            "runner": runner, "runs_per_minute": 60 * ran / secs if ran and secs > 0 else None}
 
 
 __all__ = ["Run", "Sweep", "SweepError", "load_sweep", "parse_sweep", "run_one", "run_pool", "run_dask",
