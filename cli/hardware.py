@@ -69,6 +69,23 @@ def check_one_source(testbed_n, cluster_spec, local) -> None:
         raise UserError(f"give only one of --testbed N, --cluster-spec FILE, --local (got {' and '.join(chosen)})")
 
 
+def trace_source(source, zoo_args, **kw):
+    """Trace a model for calibrate/verify; a builder that refuses a --zoo-arg is a user error."""
+    from placetool.costmodel.tf.importer import trace
+
+    extra = parse_zoo_args(zoo_args)
+    try:
+        return trace(source, **kw, **extra)
+    except UserError:
+        raise
+    except (TypeError, ValueError) as e:
+        if not extra:
+            raise
+        msg = " ".join(str(e).split())
+        raise UserError(f"{source}: cannot build it with --zoo-arg {' '.join(zoo_args)} "
+                        f"({type(e).__name__}: {msg[:300]})") from None
+
+
 def planned_spec(testbed_n, testbed_device, cluster_spec, local):
     """The devices a command will use, known before anything starts (for early checks)."""
     from placetool.costmodel.tf.testbed import ClusterSpec, Testbed, TestbedError, default_state_path
@@ -113,6 +130,40 @@ def devices(testbed_n, testbed_device, cluster_spec, local, timeout_s, log=None)
     spec = planned_spec(None, testbed_device, cluster_spec, local)
     spec.check_reachable(timeout_s=min(timeout_s, 10.0))
     yield spec
+
+
+@contextlib.contextmanager
+def naming_lost_workers(spec):
+    """A measurement that fails because a worker went away names the worker; TF's
+    session-closing thread, which then fails too, does not print a traceback."""
+    import logging
+    import threading
+
+    from placetool.costmodel.tf.testbed import TestbedError, port_open
+
+    hook = threading.excepthook
+    tf_log = logging.getLogger("tensorflow")
+    level = tf_log.level
+    tf_log.setLevel(logging.CRITICAL)  # "Session failed to close after 30 seconds": said below
+
+    def quiet_close(args):
+        if args.thread is not None and args.thread.name == "SessionCloseThread":
+            return  # closing a session whose worker is gone: the error below says why
+        hook(args)
+
+    threading.excepthook = quiet_close
+    try:
+        yield
+    except Exception as e:
+        lost = [f"/job:{spec.job}/task:{k} at {a}" for k, a in enumerate(spec.workers) if not port_open(a, 0.5)]
+        if not lost:
+            raise
+        first = " ".join(str(e).split())
+        raise TestbedError(f"worker {', '.join(lost)} stopped answering during the measurement "
+                           f"({first[:200]})") from None
+    finally:
+        threading.excepthook = hook
+        tf_log.setLevel(level)
 
 
 def _log(quiet):
@@ -236,14 +287,13 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
     check_one_source(testbed_n, cluster_spec, local)
     planned_spec(testbed_n, testbed_device, cluster_spec, local) if not testbed_n else None
     from placetool.costmodel.tf.calibrate import DEFAULT_SIZES, calibrate as run_calibration
-    from placetool.costmodel.tf.importer import trace
 
     log = _log(quiet or as_json)
-    kw = parse_zoo_args(zoo_args)
+    parse_zoo_args(zoo_args)  # malformed KEY=VALUE: before any tracing
     traced = []
     for gsrc in graphs:
         log(f"tracing {gsrc} ...")
-        traced.append(trace(gsrc, mode=mode, batch=batch, optimizer=optimizer, **kw))
+        traced.append(trace_source(gsrc, zoo_args, mode=mode, batch=batch, optimizer=optimizer))
     sizes = [s for s in DEFAULT_SIZES if s <= max_transfer]
     with devices(testbed_n, testbed_device, cluster_spec, local, timeout_s, log) as spec:
         profile, cluster = run_calibration(traced, spec, sizes=sizes, trace_steps=trace_steps, reps=reps,
@@ -307,10 +357,9 @@ def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster
         raise UserError("verify needs --profile (from placetool calibrate) or --cluster for its prediction")
     spec0 = planned_spec(testbed_n, testbed_device, cluster_spec, local)
     check_cluster_matches(cl, spec0)
-    from placetool.costmodel.tf.importer import trace
     from placetool.costmodel.tf.runner import check_placement, measure
 
-    t = trace(source, mode=mode, batch=batch, optimizer=optimizer, **parse_zoo_args(zoo_args))
+    t = trace_source(source, zoo_args, mode=mode, batch=batch, optimizer=optimizer)
     cm = CostModel(t.graph, cl, profile=prof)
     p = parse_placement(placement, cm)
     reason = cm.violation(p)
@@ -322,7 +371,8 @@ def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster
     log = _log(as_json or quiet)
     with devices(testbed_n, testbed_device, cluster_spec, local, timeout_s, log) as spec:
         log(f"measuring {t.graph.name} ({t.graph.n_ops} ops), {warmup} warm-up + {steps} timed steps ...")
-        m = measure(t, p, spec, warmup=warmup, steps=steps, timeout_s=timeout_s)
+        with naming_lost_workers(spec):
+            m = measure(t, p, spec, warmup=warmup, steps=steps, timeout_s=timeout_s)
     err = 100.0 * (predicted - m.step_us) / m.step_us
     used = sorted({cl.names[i] for i in np.unique(p)})
     out = {"graph": t.graph.name, "ops": t.graph.n_ops, "cluster": cl.name, "placement": placement,

@@ -9,8 +9,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import signal
 import sys
+import threading
 
 import click
 
@@ -77,6 +79,12 @@ def fail(message: str, code: int, as_json: bool) -> None:
         click.echo(json.dumps({"error": message, "exit_code": code}), err=True)
     else:
         click.echo(f"placetool: {'error: ' if code == EXIT_USAGE else ''}{message}", err=True)
+    if any(t.name == "SessionCloseThread" and t.is_alive() for t in threading.enumerate()):
+        # TF still closing a session whose worker died: that thread sits in C++, and
+        # interpreter shutdown would abort the process (SIGABRT) under it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 

@@ -94,7 +94,15 @@ def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps,
 
     trainer = Trainer(pol, problems, cfg, seed=seed, logdir=logdir, progress=progress)
     done = None if budget_evals is None else (lambda: trainer.samples_seen >= budget_evals)
-    summary = trainer.train(steps=steps, seconds=budget_seconds, done=done)
+    try:
+        summary = trainer.train(steps=steps, seconds=budget_seconds, done=done)
+    except (KeyboardInterrupt, SystemExit):
+        # Ctrl-C or SIGTERM: keep what was learnt (the exit status still says interrupted)
+        if trainer.step_no > 0:
+            trainer.policy.save(out, extra={**trainer.summary(), "interrupted": True})
+            click.echo(f"placetool: saved the {policy} policy trained so far ({trainer.step_no} steps) to {out}",
+                       err=True)
+        raise
     if summary["steps"] == 0:
         raise UserError("rl pretrain: the budget ended before the first training step; nothing saved")
     greedy = {}

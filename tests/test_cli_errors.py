@@ -196,3 +196,20 @@ def test_cluster_file_good_one_loads(tmp_path, capsys):
 def test_calibrate_device_sources_conflict(tmp_path, capsys):
     user_error(["calibrate", "-g", "mlp", "--local", "--testbed", "2", "-o", tmp_path / "p.json"], capsys,
                "--testbed", "--local")
+
+
+@pytest.mark.slow
+def test_zoo_arg_the_builder_refuses(tmp_path, capsys):
+    pytest.importorskip("tensorflow")
+    user_error(["calibrate", "-g", "mlp", "--zoo-arg", "hidden=abc", "--local", "-q", "-o", tmp_path / "p.json"],
+               capsys, "mlp", "--zoo-arg hidden=abc")
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.slow
+def test_import_of_an_empty_graph_is_refused(tmp_path, capsys):
+    pytest.importorskip("tensorflow")
+    empty = tmp_path / "empty.pb"
+    empty.write_bytes(b"")  # a valid, empty GraphDef
+    user_error(["import", empty, "-o", tmp_path / "g.npz"], capsys, "empty.pb", "no ops")
+    assert not (tmp_path / "g.npz").exists()

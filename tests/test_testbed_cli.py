@@ -126,3 +126,50 @@ def test_gpu_testbed_without_a_gpu_fails_at_up(tmp_path):
     new = set(Path(tempfile.gettempdir()).glob("placetool-testbed-*")) - before  # others may start testbeds
     assert not [d for d in new if "no GPU visible" in (d / "worker0.log").read_text(errors="replace")
                 if (d / "worker0.log").exists()]  # its log folder is gone
+
+
+CPU2 = """name = "cpu2"
+[[devices]]
+name = "cpu:0"
+kind = "cpu"
+memory_bytes = 8589934592
+[[devices]]
+name = "cpu:1"
+kind = "cpu"
+memory_bytes = 8589934592
+[links.default]
+latency_us = 100.0
+bandwidth_bytes_per_us = 1000.0
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_worker_killed_during_verify_is_named(tmp_path):
+    pytest.importorskip("tensorflow")
+    import signal
+    import time
+
+    from placetool.costmodel.tf.testbed import Testbed
+
+    (tmp_path / "cpu2.toml").write_text(CPU2)
+    with Testbed.start(2, timeout_s=180) as tb:
+        (tmp_path / "spec.json").write_text(json.dumps({"worker": tb.spec.workers}))
+        p = subprocess.Popen([sys.executable, "-m", "placetool.cli.main", "verify", "-g", "mlp", "--batch", "16",
+                              "-p", "round-robin", "-c", "cpu2.toml", "--cluster-spec", "spec.json",
+                              "--steps", "1000000", "--warmup", "1", "--timeout", "30"],
+                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        err = ""
+        for line in p.stderr:  # wait until it measures
+            err += line
+            if "measuring" in line:
+                break
+        time.sleep(3)
+        os.kill(tb.pids[1], signal.SIGKILL)
+        out, rest = p.communicate(timeout=300)
+        err += rest
+    assert p.returncode == 2, err
+    assert "Traceback" not in err and "SessionCloseThread" not in err, err
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("placetool: error: worker /job:worker/task:1 at localhost:"), err
+    assert len([x for x in lines if not x.startswith(("WARNING", "I0000", "E0000", "W0000"))]) == 2, err
