@@ -207,9 +207,8 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
                    err=True)
         sys.exit(interrupted)
     if not result.feasible:
-        if not as_json:
-            click.echo(f"placetool: the best placement found does not fit: {reason}"
-                       + (f"; {out} not written" if out else ""), err=True)
+        msg = f"the best placement found does not fit: {reason}" + (f"; {out} not written" if out else "")
+        click.echo(json.dumps({"error": msg, "exit_code": 1}) if as_json else f"placetool: {msg}", err=True)
         sys.exit(1)
 
 
