@@ -213,3 +213,14 @@ def test_import_of_an_empty_graph_is_refused(tmp_path, capsys):
     empty.write_bytes(b"")  # a valid, empty GraphDef
     user_error(["import", empty, "-o", tmp_path / "g.npz"], capsys, "empty.pb", "no ops")
     assert not (tmp_path / "g.npz").exists()
+
+
+@pytest.mark.slow
+def test_rl_pretrain_budget_evals(tmp_path, capsys):
+    """--budget-evals stops within one training step of that many simulated placements."""
+    pytest.importorskip("tensorflow")
+    code, out, err = call(["rl", "pretrain", "-g", "synthetic-120", "-c", "k80x2", "-o", tmp_path / "pol",
+                           "--budget-evals", "40", "--samples", "8", "--json"], capsys)
+    assert code == 0, err
+    info = json.loads(out)
+    assert 40 <= info["samples"] < 40 + 9 and (tmp_path / "pol" / "weights.npz").is_file()
