@@ -147,10 +147,11 @@ def _jsonable(x):
 
 
 def check_writable(path, option: str | None = None, folder: bool = False) -> None:
-    """Fail before any work if an output cannot be written: a file and a temporary file
-    are created and removed where it will go (a read-only or full file system, a missing
-    folder, a folder in place of a file...). ``folder``: the output is a folder, created
-    later if missing; its nearest existing parent is tried."""
+    """Fail before any work if an output cannot be written (a read-only or full file
+    system, a missing folder, a folder in place of a file...): a small temporary file is
+    written and removed where it will go. ``option`` names the flag in the message;
+    ``folder``: the output is a folder, created later if missing, so its nearest
+    existing parent is tried."""
     import os
     import tempfile
     from pathlib import Path
