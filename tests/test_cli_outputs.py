@@ -107,9 +107,10 @@ def test_full_disk_during_trace_leaves_no_file(tmp_path):
 
 def test_full_disk_during_sweep(tmp_path):
     full = tmp_path / "full"
-    (tmp_path / "s.toml").write_text(SWEEP.replace('seeds', 'x').replace(
-        'budget_evals = 8', 'budget_evals = 400\nseeds = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]'))
-    r = placetool("sweep", tmp_path / "s.toml", "--results", full / "r.db", "-n", "1", "-q", mount=FULL, at=full)
+    (tmp_path / "s.toml").write_text(SWEEP.replace('budget_evals = 8', f'seeds = {list(range(100))}\nbudget_evals = 8'))
+    # placements elsewhere: only the results store fills the disk (200 rows of ~1 KB: more than 64 KB)
+    r = placetool("sweep", tmp_path / "s.toml", "--results", full / "r.db", "--placements-dir", tmp_path / "pl",
+                  "-n", "1", "-q", mount=FULL, at=full)
     one_line_error(r, full / "r.db", "full")
 
 
