@@ -43,11 +43,11 @@ def sweep(sweep_file, results, workers, dask, scheduler, scheduler_file, placeme
     if workers is not None and (scheduler or scheduler_file):
         raise SweepError("--workers sizes a local pool or --dask cluster; an existing cluster has its own")
     sw = load_sweep(sweep_file)  # every name and option checked before anything runs
-    check_writable(results, "--results")
     if placements_dir is None:
         p = Path(results)
         placements_dir = str(p.with_name(p.stem + "-placements"))
-    if not dry_run:
+    if not dry_run:  # a dry run only reads: it works on a read-only copy of the results
+        check_writable(results, "--results")
         check_writable(placements_dir, "--placements-dir", folder=True)
     if dry_run:
         with ResultStore(results, create=False) if Path(results).is_file() else _NoStore() as st:

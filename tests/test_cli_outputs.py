@@ -95,6 +95,9 @@ def test_read_only_results_after_the_first_run(tmp_path):
     r = placetool("sweep", "s.toml", "--results", "r.db", "-n", "1", "-q", cwd=d, mount=RO_BIND, at=d)
     one_line_error(r, "r.db")
     assert (d / "r.db").read_bytes() == before
+    # a dry run only reads, so it works there
+    r = placetool("sweep", "s.toml", "--results", "r.db", "--dry-run", cwd=d, mount=RO_BIND, at=d)
+    assert r.returncode == 0 and "to run" in r.stdout, r.stderr
 
 
 def test_full_disk_during_trace_leaves_no_file(tmp_path):
