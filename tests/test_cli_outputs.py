@@ -77,19 +77,26 @@ def test_calibrate_checks_its_cluster_output_too(tmp_path):
     assert not (tmp_path / "p.json").exists()
 
 
-def test_report_to_read_only_folder(tmp_path):
-    (tmp_path / "s.toml").write_text(SWEEP)
-    assert placetool("sweep", "s.toml", "--results", "r.db", "-n", "1", cwd=tmp_path).returncode == 0
+@pytest.fixture(scope="module")
+def results_db(tmp_path_factory):
+    """A results store of one finished sweep of SWEEP (made once: a sweep starts a pool)."""
+    d = tmp_path_factory.mktemp("store")
+    (d / "s.toml").write_text(SWEEP)
+    r = placetool("sweep", "s.toml", "--results", "r.db", "-n", "1", cwd=d)
+    assert r.returncode == 0, r.stderr
+    return d / "r.db"
+
+
+def test_report_to_read_only_folder(tmp_path, results_db):
     ro = tmp_path / "ro"
-    r = placetool("report", "r.db", "--out", ro / "rep", cwd=tmp_path, mount=RO, at=ro)
+    r = placetool("report", results_db, "--out", ro / "rep", mount=RO, at=ro)
     one_line_error(r, "--out", ro / "rep")
 
 
-def test_read_only_results_after_the_first_run(tmp_path):
+def test_read_only_results_after_the_first_run(tmp_path, results_db):
     d = tmp_path / "res"
     d.mkdir()
-    (d / "s.toml").write_text(SWEEP)
-    assert placetool("sweep", "s.toml", "--results", "r.db", "-n", "1", cwd=d).returncode == 0
+    shutil.copy(results_db, d / "r.db")
     before = (d / "r.db").read_bytes()
     (d / "s.toml").write_text(SWEEP.replace("budget_evals = 8", "budget_evals = 9"))  # new points to run
     r = placetool("sweep", "s.toml", "--results", "r.db", "-n", "1", "-q", cwd=d, mount=RO_BIND, at=d)
