@@ -1,7 +1,14 @@
-"""Options and helpers shared by the commands."""
+"""Options and helpers shared by the commands.
+
+One vocabulary across commands: ``-g/--graph``, ``-c/--cluster``, ``-p/--placement``,
+``-o/--out``, ``--profile FILE``, ``--budget-seconds/--budget-evals``, ``-n/--workers``,
+``-q/--quiet`` and ``--json`` mean the same thing wherever they appear. Spellings that
+earlier releases used are still accepted (``old=``) but no longer shown in ``--help``.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -13,17 +20,96 @@ DEFAULT_GRAPH = "synthetic-1k"
 DEFAULT_CLUSTER = "k80x4"
 
 
-def graph_option(default=DEFAULT_GRAPH):
-    return click.option("--graph", "-g", default=default, show_default=True,
-                        help="Bundled graph name or path to a graph file.")
+class Option(click.Option):
+    """A click option whose ``old`` spellings still parse but are hidden from ``--help``."""
+
+    def __init__(self, param_decls=None, old=(), **kw):
+        super().__init__(list(param_decls or ()) + list(old), **kw)
+        self.old_opts = tuple(old)
+
+    def get_help_record(self, ctx):
+        opts, secondary = self.opts, self.secondary_opts
+        self.opts = [o for o in opts if o not in self.old_opts]
+        self.secondary_opts = [o for o in secondary if o not in self.old_opts]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts, self.secondary_opts = opts, secondary
 
 
-def cluster_option(default=DEFAULT_CLUSTER):
-    return click.option("--cluster", "-c", default=default, show_default=True,
-                        help="Bundled cluster preset or path to a cluster TOML file.")
+def option(*decls, old=(), **kw):
+    """``click.option`` with hidden old spellings (``old=("--graphs",)``)."""
+    return click.option(*decls, cls=Option, old=old, **kw)
 
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def graph_option(default=DEFAULT_GRAPH, multiple=False, required=False, name="graph", old=(), help=None):
+    return option("--graph", "-g", name, default=None if (required or multiple) else default,
+                  show_default=not (required or multiple) and default is not None, multiple=multiple,
+                  required=required, old=old,
+                  help=help or ("Bundled graph name or path to a graph file"
+                                + ("; repeatable, or comma-separated." if multiple else ".")))
+
+
+def cluster_option(default=DEFAULT_CLUSTER, multiple=False, name="cluster", old=(), help=None):
+    return option("--cluster", "-c", name, default=(default,) if multiple and default else default,
+                  show_default=default is not None, multiple=multiple, old=old,
+                  help=help or ("Bundled cluster preset or path to a cluster TOML file"
+                                + ("; repeatable, or comma-separated." if multiple else ".")))
+
+
+def placement_option(default=None, required=False):
+    return option("--placement", "-p", "placement", default=default, required=required,
+                  show_default=default is not None,
+                  help="A placement JSON file, single:DEVICE, round-robin or random[:SEED].")
+
+
+def out_option(help, required=False, folder=False, default=None, name="out"):
+    return option("--out", "-o", name, required=required, default=default, show_default=default is not None,
+                  type=click.Path(file_okay=not folder, dir_okay=folder), help=help)
+
+
+def profile_option(help="A measured profile (placetool calibrate) for op times."):
+    return option("--profile", "profile", type=click.Path(dir_okay=False), metavar="FILE", default=None, help=help)
+
+
+def budget_options(seconds_help="Stop after this many seconds.", evals_help="Stop after this many simulated placements.",
+                   seconds_default=None, seconds_old=()):
+    def deco(f):
+        f = option("--budget-evals", "budget_evals", type=click.IntRange(min=1), default=None, help=evals_help)(f)
+        f = option("--budget-seconds", "budget_seconds", type=PositiveFloat(), default=seconds_default,
+                   show_default=seconds_default is not None, old=seconds_old, help=seconds_help)(f)
+        return f
+    return deco
+
+
+def workers_option(help, default=None, old=()):
+    return option("--workers", "-n", "workers", type=click.IntRange(min=1), default=default,
+                  show_default=default is not None, old=old, help=help)
+
+
+quiet_option = option("--quiet", "-q", "quiet", is_flag=True, help="No progress or notes on stderr.")
+json_option = option("--json", "as_json", is_flag=True,
+                     help="Print one JSON object on stdout (errors: one JSON object on stderr).")
+
+
+class PositiveFloat(click.ParamType):
+    """A finite number > ``above`` (or >= ``at_least``): ``nan`` and ``inf`` are refused."""
+
+    name = "float"
+
+    def __init__(self, above: float = 0.0, at_least: float | None = None):
+        self.above, self.at_least = above, at_least
+
+    def convert(self, value, param, ctx):
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        lo_ok = x >= self.at_least if self.at_least is not None else x > self.above
+        if not (lo_ok and x != float("inf")):
+            bound = f">= {self.at_least:g}" if self.at_least is not None else f"> {self.above:g}"
+            self.fail(f"{value!r} must be a finite number {bound}", param, ctx)
+        return x
 
 
 def load_problem(graph: str, cluster: str, profile: str | None = None):
@@ -60,15 +146,90 @@ def _jsonable(x):
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
-def check_writable(path) -> None:
-    """Fail before any work if an output path's folder does not exist."""
+def check_writable(path, option: str | None = None, folder: bool = False) -> None:
+    """Fail before any work if an output cannot be written (a read-only or full file
+    system, a missing folder, a folder in place of a file...): a small temporary file is
+    written and removed where it will go. ``option`` names the flag in the message;
+    ``folder``: the output is a folder, created later if missing, so its nearest
+    existing parent is tried."""
+    import os
+    import tempfile
     from pathlib import Path
 
     if path is None:
         return
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise UserError(f"cannot write {path}: folder {parent} does not exist")
+    p = Path(path)
+    what = f"{option} {path}" if option else str(path)
+    if folder:
+        if p.exists() and not p.is_dir():
+            raise UserError(f"cannot write {what}: exists and is not a folder")
+        probe = p.resolve()
+        while not probe.exists():
+            probe = probe.parent
+        if not probe.is_dir():
+            raise UserError(f"cannot write {what}: {probe} is not a folder")
+    else:
+        if p.is_dir():
+            raise UserError(f"cannot write {what}: it is a folder")
+        probe = p.resolve().parent
+        if not probe.is_dir():
+            raise UserError(f"cannot write {what}: folder {probe} does not exist")
+        if p.exists() and not os.access(p, os.W_OK):
+            raise UserError(f"cannot write {what}: the file is read-only")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=probe, prefix=".placetool-probe-")
+        try:
+            os.write(fd, b"\0" * 4096)  # a full disk often still takes an empty file
+        finally:
+            os.close(fd)
+            os.unlink(tmp)
+    except OSError as e:
+        raise UserError(f"cannot write {what}: {e.strerror or e} ({probe})") from None
+
+
+@contextlib.contextmanager
+def atomic_output(path):
+    """A temporary path beside ``path`` (same suffix) that becomes ``path`` only when the
+    block ends without error: a failed write never leaves a half-written file."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from placetool.costmodel.errors import OutputError
+
+    p = Path(path)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=p.resolve().parent, prefix=f".{p.stem}.", suffix=p.suffix)
+        os.close(fd)
+        yield tmp
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, p)
+    except OSError as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, UserError):
+            raise
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
+    except BaseException:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_plot_format(path, option: str = "--plot") -> None:
+    """The file extension of a figure must be a format matplotlib writes (before any work)."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    ext = Path(path).suffix.lower().lstrip(".")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if ext not in formats:
+        raise UserError(f"{option} {path}: unknown figure format {('.' + ext) if ext else '(no extension)'}; "
+                        f"use one of {', '.join('.' + f for f in sorted(formats))}")
 
 
 def fmt_us(us: float) -> str:
@@ -82,18 +243,46 @@ def fmt_us(us: float) -> str:
     return f"{us / 1e6:,.3f} s"
 
 
-def progress(total: int | None, label: str, enabled: bool = True):
-    """A progress bar on stderr (only on a terminal)."""
-    return click.progressbar(length=total or 0, label=label, file=sys.stderr,
-                             show_eta=True, show_percent=True) if enabled and sys.stderr.isatty() else _NoBar()
+class Progress:
+    """A progress bar on stderr (only on a terminal) that can show the best step time so
+    far beside the count, and reaches 100% when its work ended normally."""
 
+    def __init__(self, total: int, label: str, enabled: bool = True, file=None):
+        self.total, self.pos, self.best = max(int(total), 0), 0, None
+        self.bar = None
+        file = file or sys.stderr
+        if enabled and file.isatty():
+            self.bar = click.progressbar(length=self.total, label=label, file=file, show_eta=True,
+                                         show_percent=True, item_show_func=self._show)
 
-class _NoBar:
+    def _show(self, _item):
+        return None if self.best is None else f"best {fmt_us(self.best)}"
+
     def __enter__(self):
+        if self.bar is not None:
+            self.bar.__enter__()
         return self
 
-    def __exit__(self, *a):
+    def __exit__(self, exc_type, *a):
+        if self.bar is not None:
+            if exc_type is None:
+                self.advance_to(self.total)
+            self.bar.__exit__(exc_type, *a)
         return False
 
-    def update(self, n, current_item=None):
-        pass
+    def advance_to(self, pos: int, best: float | None = None) -> None:
+        """Move to ``pos`` of ``total`` (never back); ``best``: best step time so far, µs."""
+        if best is not None and best == best and best != float("inf"):
+            self.best = best
+        pos = min(max(int(pos), self.pos), self.total)
+        if self.bar is not None and (pos > self.pos or best is not None):
+            self.bar.update(pos - self.pos, current_item=self.best)
+        self.pos = pos
+
+    def update(self, n: int = 1, best: float | None = None) -> None:
+        self.advance_to(self.pos + n, best)
+
+
+def progress(total: int | None, label: str, enabled: bool = True) -> Progress:
+    """A :class:`Progress` bar of ``total`` steps."""
+    return Progress(total or 0, label, enabled)

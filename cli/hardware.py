@@ -18,7 +18,8 @@ import numpy as np
 from placetool.costmodel.errors import UserError
 from placetool.costmodel.tf.session import require_tf
 
-from .common import check_writable, emit_json, fmt_us, json_option
+from .common import (PositiveFloat, atomic_output, check_writable, emit_json, fmt_us, json_option, placement_option, profile_option,
+                     quiet_option, workers_option)
 
 
 # ------------------------------------------------------------------ options
@@ -31,7 +32,7 @@ def device_options(f):
                      help="With --testbed: one CPU per worker, or one GPU per worker (CUDA_VISIBLE_DEVICES=k).")(f)
     f = click.option("--testbed", "testbed_n", type=click.IntRange(min=1), default=None,
                      help="Start N local workers for this command and stop them after.")(f)
-    f = click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0, show_default=True,
+    f = click.option("--timeout", "timeout_s", type=PositiveFloat(at_least=1), default=120.0, show_default=True,
                      help="Seconds to wait for workers to come up, and for any one step.")(f)
     return f
 
@@ -62,13 +63,36 @@ def parse_zoo_args(items) -> dict:
     return out
 
 
+def check_one_source(testbed_n, cluster_spec, local) -> None:
+    """At most one of --testbed, --cluster-spec, --local (before anything starts)."""
+    chosen = [name for name, x in (("--testbed", testbed_n), ("--cluster-spec", cluster_spec), ("--local", local))
+              if x]
+    if len(chosen) > 1:
+        raise UserError(f"give only one of --testbed N, --cluster-spec FILE, --local (got {' and '.join(chosen)})")
+
+
+def trace_source(source, zoo_args, **kw):
+    """Trace a model for calibrate/verify; a builder that refuses a --zoo-arg is a user error."""
+    from placetool.costmodel.tf.importer import trace
+
+    extra = parse_zoo_args(zoo_args)
+    try:
+        return trace(source, **kw, **extra)
+    except UserError:
+        raise
+    except (TypeError, ValueError) as e:
+        if not extra:
+            raise
+        msg = " ".join(str(e).split())
+        raise UserError(f"{source}: cannot build it with --zoo-arg {' '.join(zoo_args)} "
+                        f"({type(e).__name__}: {msg[:300]})") from None
+
+
 def planned_spec(testbed_n, testbed_device, cluster_spec, local):
     """The devices a command will use, known before anything starts (for early checks)."""
     from placetool.costmodel.tf.testbed import ClusterSpec, Testbed, TestbedError, default_state_path
 
-    chosen = [x for x in (testbed_n, cluster_spec, local or None) if x]
-    if len(chosen) > 1:
-        raise UserError("give only one of --testbed N, --cluster-spec FILE, --local")
+    check_one_source(testbed_n, cluster_spec, local)
     if testbed_n:
         return ClusterSpec.for_workers(["localhost:0"] * testbed_n, testbed_device)
     if cluster_spec:
@@ -110,6 +134,40 @@ def devices(testbed_n, testbed_device, cluster_spec, local, timeout_s, log=None)
     yield spec
 
 
+@contextlib.contextmanager
+def naming_lost_workers(spec):
+    """A measurement that fails because a worker went away names the worker; TF's
+    session-closing thread, which then fails too, does not print a traceback."""
+    import logging
+    import threading
+
+    from placetool.costmodel.tf.testbed import TestbedError, port_open
+
+    hook = threading.excepthook
+    tf_log = logging.getLogger("tensorflow")
+    level = tf_log.level
+    tf_log.setLevel(logging.CRITICAL)  # "Session failed to close after 30 seconds": said below
+
+    def quiet_close(args):
+        if args.thread is not None and args.thread.name == "SessionCloseThread":
+            return  # closing a session whose worker is gone: the error below says why
+        hook(args)
+
+    threading.excepthook = quiet_close
+    try:
+        yield
+    except Exception as e:
+        lost = [f"/job:{spec.job}/task:{k} at {a}" for k, a in enumerate(spec.workers) if not port_open(a, 0.5)]
+        if not lost:
+            raise
+        first = " ".join(str(e).split())
+        raise TestbedError(f"worker {', '.join(lost)} stopped answering during the measurement "
+                           f"({first[:200]})") from None
+    finally:
+        threading.excepthook = hook
+        tf_log.setLevel(level)
+
+
 def _log(quiet):
     return (lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True))
 
@@ -121,9 +179,9 @@ def testbed():
 
 
 @testbed.command("up")
-@click.option("--workers", "-n", type=click.IntRange(min=1), default=2, show_default=True)
+@workers_option("Worker processes to start.", default=2)
 @click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True)
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0, show_default=True)
+@click.option("--timeout", "timeout_s", type=PositiveFloat(at_least=1), default=120.0, show_default=True)
 @click.option("--state", type=click.Path(dir_okay=False), default=None, help="State file (default: ~/.local/state/placetool/testbed.json).")
 @json_option
 def testbed_up(workers, device, timeout_s, state, as_json):
@@ -158,27 +216,30 @@ def testbed_up(workers, device, timeout_s, state, as_json):
 
 @testbed.command("down")
 @click.option("--state", type=click.Path(dir_okay=False), default=None)
+@click.option("--keep-logs", is_flag=True, help="Keep the workers' log folder (it is removed by default).")
 @json_option
-def testbed_down(state, as_json):
-    """Stop the workers recorded in the state file."""
+def testbed_down(state, keep_logs, as_json):
+    """Stop the workers recorded in the state file and remove their log folder."""
     from placetool.costmodel.tf.testbed import Testbed, default_state_path
 
     path = Path(state or default_state_path())
     tb = Testbed.from_state(path)
     n = tb.n_workers
-    tb.stop()
+    log_dir = tb.log_dir if tb.own_log_dir and not keep_logs else None
+    tb.stop(keep_logs=keep_logs)
     path.unlink(missing_ok=True)
     if as_json:
-        emit_json({"stopped": n, "state": str(path)})
+        emit_json({"stopped": n, "state": str(path), "removed_logs": log_dir})
     else:
-        click.echo(f"testbed down: stopped {n} worker(s)")
+        click.echo(f"testbed down: stopped {n} worker(s)" + (f", removed {log_dir}" if log_dir else ""))
 
 
 @testbed.command("status")
 @click.option("--state", type=click.Path(dir_okay=False), default=None)
 @json_option
 def testbed_status(state, as_json):
-    """Show each worker: address, pid, alive, listening."""
+    """Show each worker: address, pid, alive, listening. Exit status 1 when a worker is
+    down or not listening (degraded), 0 when all are up or no testbed is recorded."""
     from placetool.costmodel.tf.testbed import Testbed, default_state_path
 
     path = Path(state or default_state_path())
@@ -192,12 +253,13 @@ def testbed_status(state, as_json):
     st = tb.status()
     up = all(s["alive"] and s["listening"] for s in st)
     if as_json:
-        emit_json({"up": up, "state": str(path), "workers": st})
-        return
+        emit_json({"up": up, "state": str(path), "log_dir": tb.log_dir, "workers": st})
+        return 0 if up else 1
     click.echo(f"testbed {'up' if up else 'DEGRADED'} ({path})")
     for s in st:
         click.echo(f"  task {s['task']}: {s['address']}  pid {s['pid']}  "
                    f"{'alive' if s['alive'] else 'dead'}, {'listening' if s['listening'] else 'not listening'}")
+    return 0 if up else 1
 
 
 # ------------------------------------------------------------------ calibrate
@@ -224,7 +286,7 @@ def testbed_status(state, as_json):
 @click.option("--refuse-noisy", is_flag=True,
               help="Write nothing and exit 1 when the noise floor exceeds --max-noise.")
 @click.option("--name", default="calibrated", show_default=True, help="Name of the calibrated cluster.")
-@click.option("--quiet", "-q", is_flag=True)
+@quiet_option
 @json_option
 def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, testbed_device, cluster_spec,
               local, out, cluster_out, trace_steps, reps, max_transfer, split_steps, rounds, max_noise,
@@ -232,18 +294,18 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
     """Measure op times and links on real devices; write a profile and a cluster file."""
     require_tf()
     cluster_out = cluster_out or str(Path(out).with_suffix(".toml"))
-    check_writable(out)
-    check_writable(cluster_out)
+    check_writable(out, "--out")
+    check_writable(cluster_out, "--cluster-out")
+    check_one_source(testbed_n, cluster_spec, local)
     planned_spec(testbed_n, testbed_device, cluster_spec, local) if not testbed_n else None
     from placetool.costmodel.tf.calibrate import DEFAULT_SIZES, calibrate as run_calibration
-    from placetool.costmodel.tf.importer import trace
 
     log = _log(quiet or as_json)
-    kw = parse_zoo_args(zoo_args)
+    parse_zoo_args(zoo_args)  # malformed KEY=VALUE: before any tracing
     traced = []
     for gsrc in graphs:
         log(f"tracing {gsrc} ...")
-        traced.append(trace(gsrc, mode=mode, batch=batch, optimizer=optimizer, **kw))
+        traced.append(trace_source(gsrc, zoo_args, mode=mode, batch=batch, optimizer=optimizer))
     sizes = [s for s in DEFAULT_SIZES if s <= max_transfer]
     with devices(testbed_n, testbed_device, cluster_spec, local, timeout_s, log) as spec:
         profile, cluster = run_calibration(traced, spec, sizes=sizes, trace_steps=trace_steps, reps=reps,
@@ -253,8 +315,10 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
     if noisy and refuse_noisy:
         click.echo(f"placetool: {noisy}; nothing written (--refuse-noisy)", err=True)
         sys.exit(1)
-    profile.save(out)
-    cluster.save(cluster_out)
+    # both files or neither: a profile without its cluster is a mismatched pair
+    with atomic_output(out) as tmp_profile, atomic_output(cluster_out) as tmp_cluster:
+        profile.save(tmp_profile)
+        cluster.save(tmp_cluster)
     summary = {
         "profile": str(out), "cluster": str(cluster_out), "devices": [d["name"] for d in profile.devices],
         "step_overhead_us": profile.step_overhead_us, "dispatch_us": profile.dispatch_us,
@@ -304,17 +368,16 @@ def predict(cm, profile, p) -> tuple[float, float]:
 @click.option("--graph", "-g", "source", required=True,
               help="Model to trace and run: zoo name, module:function, SavedModel or .pb.")
 @source_options
-@click.option("--placement", "-p", required=True,
-              help="A placement JSON file, single:DEVICE, round-robin or random[:SEED].")
-@click.option("--profile", default=None, type=click.Path(dir_okay=False),
-              help="Profile from placetool calibrate (predictions use it; its cluster is the default).")
+@placement_option(required=True)
+@profile_option("Profile from placetool calibrate (predictions use it; its cluster is the default).")
 @click.option("--cluster", "-c", default=None, help="Cluster for predictions (default: the profile's).")
 @device_options
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Timed steps (median).")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
 @json_option
+@quiet_option
 def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster, testbed_n, timeout_s,
-           testbed_device, cluster_spec, local, steps, warmup, as_json):
+           testbed_device, cluster_spec, local, steps, warmup, as_json, quiet):
     """Run a placement for real and compare its measured step time with the prediction."""
     require_tf()
     from placetool.costmodel import CostModel, presets
@@ -331,10 +394,9 @@ def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster
         raise UserError("verify needs --profile (from placetool calibrate) or --cluster for its prediction")
     spec0 = planned_spec(testbed_n, testbed_device, cluster_spec, local)
     check_cluster_matches(cl, spec0)
-    from placetool.costmodel.tf.importer import trace
     from placetool.costmodel.tf.runner import check_placement, measure
 
-    t = trace(source, mode=mode, batch=batch, optimizer=optimizer, **parse_zoo_args(zoo_args))
+    t = trace_source(source, zoo_args, mode=mode, batch=batch, optimizer=optimizer)
     cm = CostModel(t.graph, cl, profile=prof)
     p = parse_placement(placement, cm)
     reason = cm.violation(p)
@@ -343,10 +405,11 @@ def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster
     check_placement(t.graph, p, spec0)  # before any worker starts
     sim, over = predict(cm, prof, p)
     predicted = sim + over
-    log = _log(as_json)
+    log = _log(as_json or quiet)
     with devices(testbed_n, testbed_device, cluster_spec, local, timeout_s, log) as spec:
         log(f"measuring {t.graph.name} ({t.graph.n_ops} ops), {warmup} warm-up + {steps} timed steps ...")
-        m = measure(t, p, spec, warmup=warmup, steps=steps, timeout_s=timeout_s)
+        with naming_lost_workers(spec):
+            m = measure(t, p, spec, warmup=warmup, steps=steps, timeout_s=timeout_s)
     err = 100.0 * (predicted - m.step_us) / m.step_us
     used = sorted({cl.names[i] for i in np.unique(p)})
     out = {"graph": t.graph.name, "ops": t.graph.n_ops, "cluster": cl.name, "placement": placement,

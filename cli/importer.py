@@ -6,6 +6,8 @@ import time
 
 import click
 
+from placetool.costmodel.errors import UserError
+
 from .common import check_writable, emit_json, json_option
 
 
@@ -31,13 +33,15 @@ def import_cmd(source, out, mode, batch, optimizer, name, as_json):
     from placetool.costmodel.tf.session import require_tf
 
     require_tf()
-    check_writable(out)
+    check_writable(out, "--out")
     from placetool.costmodel.tf.importer import import_graph
 
     t = time.perf_counter()
     g = import_graph(source, mode=mode, batch=batch, optimizer=optimizer,
                      **({"name": name} if name else {}))
     secs = time.perf_counter() - t
+    if g.n_ops == 0:
+        raise UserError(f"{source}: the imported graph has no ops to place; {out} not written")
     g.save(out)
     s = g.summary()
     s.update(out=str(out), seconds=round(secs, 3), mode=mode)

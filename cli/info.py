@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+import zlib
 from collections import Counter
 
 import click
@@ -58,7 +59,7 @@ def list_info() -> dict:
                 for k in ("n_ops", "zoo_doc", "expert"):
                     if k in meta:
                         entry[k] = meta[k]
-            except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+            except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error):
                 entry["error"] = "unreadable"
         else:
             entry["synthetic"] = True

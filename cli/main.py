@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
+import os
+import signal
 import sys
+import threading
 
 import click
 
 from placetool.costmodel.errors import UserError
 
-# name -> "module:attribute"; a module that is not there yet is simply not listed.
+# name -> "module:attribute"
 COMMANDS = {
     "simulate": "placetool.cli.simulate:simulate",
     "info": "placetool.cli.info:info",
@@ -29,17 +33,32 @@ COMMANDS = {
 }
 
 
+#: exit statuses (README, "Exit codes")
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+
+
+class Terminated(SystemExit):
+    """SIGTERM (``timeout``, Slurm, PBS): unwinds like Ctrl-C, so pools and workers are
+    stopped by the ``finally`` blocks on the way out; uncaught, it still exits 143."""
+
+    def __init__(self):
+        super().__init__(EXIT_TERMINATED)
+
+
+def _on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+    raise Terminated()
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
-        return [n for n, target in COMMANDS.items() if importlib.util.find_spec(target.split(":")[0])]
+        return list(COMMANDS)
 
     def get_command(self, ctx, name):
         target = COMMANDS.get(name)
         if target is None:
             return None
         module, attr = target.split(":")
-        if importlib.util.find_spec(module) is None:
-            return None
         return getattr(importlib.import_module(module), attr)
 
 
@@ -53,22 +72,52 @@ def cli():
     """
 
 
+def fail(message: str, code: int, as_json: bool) -> None:
+    """Print an error as one line on stderr (one JSON object under ``--json``) and exit."""
+    message = " ".join(str(message).split())  # one line, whatever the exception held
+    if as_json:
+        click.echo(json.dumps({"error": message, "exit_code": code}), err=True)
+    else:
+        click.echo(f"placetool: {'error: ' if code == EXIT_USAGE else ''}{message}", err=True)
+    if any(t.name == "SessionCloseThread" and t.is_alive() for t in threading.enumerate()):
+        # TF still closing a session whose worker died: that thread sits in C++, and
+        # interpreter shutdown would abort the process (SIGABRT) under it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 def main(argv=None) -> None:
-    """Run the CLI; user mistakes print one line on stderr and exit 2."""
+    """Run the CLI. Exit 0 ok, 1 nothing feasible or a run failed, 2 a user mistake (one
+    line on stderr, no traceback), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in args
     try:
-        rv = cli.main(args=argv, prog_name="placetool", standalone_mode=False)
+        prev_term = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread (embedded use): leave signals alone
+        prev_term = None
+    try:
+        rv = cli.main(args=args, prog_name="placetool", standalone_mode=False)
     except click.exceptions.Abort:
-        click.echo("placetool: aborted", err=True)
-        sys.exit(130)
+        fail("interrupted", EXIT_INTERRUPTED, as_json)
+    except click.UsageError as e:
+        cmd = e.ctx.command_path if e.ctx is not None else "placetool"
+        fail(f"{e.format_message()} (see `{cmd} --help`)", EXIT_USAGE, as_json)
     except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
+        fail(e.format_message(), e.exit_code, as_json)
     except UserError as e:
-        click.echo(f"placetool: error: {e}", err=True)
-        sys.exit(2)
+        fail(str(e), EXIT_USAGE, as_json)
+    except OSError as e:  # a file system problem the command did not name itself
+        where = f"{e.filename}: " if e.filename else ""
+        fail(f"{where}{e.strerror or e}", EXIT_USAGE, as_json)
     except KeyboardInterrupt:
-        click.echo("placetool: interrupted", err=True)
-        sys.exit(130)
+        fail("interrupted", EXIT_INTERRUPTED, as_json)
+    except Terminated:
+        fail("terminated", EXIT_TERMINATED, as_json)
+    finally:
+        if prev_term is not None:
+            signal.signal(signal.SIGTERM, prev_term)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -1,6 +1,6 @@
 """``placetool rl``: train placement policies outside a single search.
 
-``placetool rl pretrain --graphs nmt,inception_v3 --clusters k80x4 --out policy/`` trains
+``placetool rl pretrain -g nmt,inception_v3 -c k80x4 -o policy/`` trains
 one policy (GDP by default) on every graph x cluster pair at once and saves it;
 ``placetool search --method rl --init-from policy/`` then fine-tunes it on another graph,
 or with ``--budget-evals 1`` places it zero-shot (the greedy placement).
@@ -14,7 +14,8 @@ import click
 
 from placetool.costmodel.errors import UserError
 
-from .common import check_writable, emit_json, fmt_us, json_option
+from .common import (budget_options, check_writable, cluster_option, emit_json, fmt_us, graph_option, json_option,
+                     option, out_option, quiet_option)
 
 
 def _names(values) -> list[str]:
@@ -30,19 +31,25 @@ def rl():
 
 
 @rl.command()
-@click.option("--graphs", "-g", multiple=True, required=True,
-              help="Graphs to train on (names or paths; comma-separated or repeated).")
-@click.option("--clusters", "-c", multiple=True, default=("k80x4",), show_default=True,
-              help="Clusters (all with the same number of devices).")
-@click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="Folder to save the policy in.")
+@graph_option(multiple=True, required=True, name="graphs", old=("--graphs",),
+              help="Graphs to train on (names or paths; repeatable, or comma-separated).")
+@cluster_option(multiple=True, name="clusters", old=("--clusters",),
+                help="Clusters, all with the same number of devices (repeatable, or comma-separated).")
+@out_option("Folder to save the policy in.", required=True, folder=True)
 @click.option("--policy", default="gdp", show_default=True, help="seq2seq, hierarchical or gdp.")
-@click.option("--steps", type=int, default=None, help="Training steps (each samples every graph).")
-@click.option("--seconds", type=float, default=120.0, show_default=True, help="Time budget.")
-@click.option("--samples", type=int, default=32, show_default=True, help="Placements per graph and step.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@budget_options(seconds_help="Stop after this many seconds (default 120 when no budget is given).",
+                evals_help="Stop after this many simulated placements (samples x graphs per step).",
+                seconds_old=("--seconds",))
+@option("--steps", "steps", type=click.IntRange(min=1), default=None, hidden=True,
+        help="Training steps (each samples every graph); prefer --budget-evals.")
+@click.option("--samples", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Placements per graph and step.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--logdir", type=click.Path(file_okay=False), default=None, help="TensorBoard scalars and checkpoints.")
 @json_option
-def pretrain(graphs, clusters, out, policy, steps, seconds, samples, seed, logdir, as_json):
+@quiet_option
+def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps, samples, seed, logdir, as_json,
+             quiet):
     """Train one policy on several graphs at once and save it to OUT.
 
     The per-problem residual logits are off here, so everything the policy learns is in
@@ -51,8 +58,15 @@ def pretrain(graphs, clusters, out, policy, steps, seconds, samples, seed, logdi
     from placetool.costmodel import CostModel, presets
     from placetool.search.base import Problem
 
-    check_writable(out.rstrip("/"))  # its parent must exist; OUT itself is created
+    check_writable(out, "--out", folder=True)
+    check_writable(logdir, "--logdir", folder=True)
     graphs, clusters = _names(graphs), _names(clusters)
+    if not graphs:
+        raise UserError("rl pretrain: --graph names no graph")
+    if not clusters:
+        raise UserError("rl pretrain: --cluster names no cluster")
+    if budget_seconds is None and budget_evals is None and steps is None:
+        budget_seconds = 120.0
     problems = []
     for c in clusters:
         cl = presets.load_cluster(c)
@@ -62,8 +76,6 @@ def pretrain(graphs, clusters, out, policy, steps, seconds, samples, seed, logdi
     if len(nd) > 1:
         raise UserError(f"rl pretrain: clusters {', '.join(clusters)} have different device counts {sorted(nd)}; "
                         f"a policy places on one number of devices")
-    if steps is not None and steps < 1:
-        raise UserError(f"rl pretrain: --steps must be >= 1, got {steps}")
     from placetool.rl import policies
     from placetool.rl.tfutil import set_seed, tf
     from placetool.rl.trainer import TrainConfig, Trainer
@@ -76,12 +88,23 @@ def pretrain(graphs, clusters, out, policy, steps, seconds, samples, seed, logdi
     t0 = time.perf_counter()
 
     def progress(step, out_):
-        if not as_json and step % 10 == 0:
+        if not (as_json or quiet) and step % 10 == 0:
             click.echo(f"step {step:5d}  {time.perf_counter() - t0:7.1f} s  mean step {fmt_us(out_.get('mean_step_us', float('nan')))}"
                        f"  entropy {out_.get('entropy', float('nan')):.3f}", err=True)
 
     trainer = Trainer(pol, problems, cfg, seed=seed, logdir=logdir, progress=progress)
-    summary = trainer.train(steps=steps, seconds=None if steps else seconds)
+    done = None if budget_evals is None else (lambda: trainer.samples_seen >= budget_evals)
+    try:
+        summary = trainer.train(steps=steps, seconds=budget_seconds, done=done)
+    except (KeyboardInterrupt, SystemExit):
+        # Ctrl-C or SIGTERM: keep what was learnt (the exit status still says interrupted)
+        if trainer.step_no > 0:
+            trainer.policy.save(out, extra={**trainer.summary(), "interrupted": True})
+            click.echo(f"placetool: saved the {policy} policy trained so far ({trainer.step_no} steps) to {out}",
+                       err=True)
+        raise
+    if summary["steps"] == 0:
+        raise UserError("rl pretrain: the budget ended before the first training step; nothing saved")
     greedy = {}
     for t in trainer.tasks:
         a = pol.assignment(t.atoms, pol.greedy(t.obs))[0]

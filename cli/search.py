@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import inspect
+import json
 import sys
 
 import click
 import numpy as np
 
-from .common import (check_writable, cluster_option, emit_json, fmt_us, graph_option,
-                     json_option, load_problem, progress, write_json)
+from .common import (budget_options, check_writable, cluster_option, emit_json, fmt_us, graph_option,
+                     json_option, load_problem, out_option, profile_option, progress, quiet_option, write_json)
 
 DEFAULT_METHOD = "sa"
 #: baselines printed beside the result with --compare
@@ -74,20 +75,19 @@ def _method_options(fn, name: str, given: dict) -> dict:
 
 
 class _Bar:
-    """Progress on stderr, driven by the tracker's callback (fraction of the budget)."""
+    """Progress on stderr, driven by the tracker's callback: the fraction of the budget
+    spent and the best step time so far; 100% once the search returns."""
 
     def __init__(self, budget, enabled: bool):
         self.budget = budget
-        self.ctx = progress(1000, "searching", enabled)
-        self.bar = None
-        self.pos = 0
+        self.bar = progress(1000, "searching", enabled)
 
     def __enter__(self):
-        self.bar = self.ctx.__enter__()
+        self.bar.__enter__()
         return self
 
     def __exit__(self, *a):
-        return self.ctx.__exit__(*a)
+        return self.bar.__exit__(*a)
 
     def __call__(self, evaluations, seconds, best_step_us):
         f = 0.0
@@ -95,10 +95,7 @@ class _Bar:
             f = max(f, evaluations / self.budget.evals)
         if self.budget.seconds:
             f = max(f, seconds / self.budget.seconds)
-        pos = int(min(f, 1.0) * 1000)
-        if pos > self.pos:
-            self.bar.update(pos - self.pos)
-            self.pos = pos
+        self.bar.advance_to(int(min(f, 1.0) * 1000), best_step_us)
 
 
 @click.command()
@@ -107,18 +104,17 @@ class _Bar:
 @click.option("--method", "-m", default=DEFAULT_METHOD, show_default=True,
               help="Search method (`--method list` or `--list` shows them).")
 @click.option("--list", "list_only", is_flag=True, help="List the methods and exit.")
-@click.option("--budget-evals", type=int, default=None, help="Stop after this many simulated placements.")
-@click.option("--budget-seconds", type=float, default=None,
-              help="Stop after this many seconds (default: the method's own, see --list).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed: same seed, same answer.")
-@click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
-              help="Write the best placement as JSON (op -> device).")
-@click.option("--profile", default=None, help="A measured profile (placetool calibrate) for op times.")
+@budget_options(seconds_help="Stop after this many seconds (default: the method's own, see --list).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Random seed (>= 0): same seed, same answer.")
+@out_option("Write the best placement as JSON (op -> device).")
+@profile_option()
 @json_option
+@quiet_option
 @click.option("--compare", "--baseline", "compare", is_flag=True,
               help=f"Also run {', '.join(COMPARE_WITH)} and print them beside the result.")
-@click.option("--option", "-o", "method_opts", multiple=True, metavar="KEY=VALUE",
-              help="A method option, repeatable (e.g. -m m-etf -o links=ideal).")
+@click.option("--option", "method_opts", multiple=True, metavar="KEY=VALUE",
+              help="A method option, repeatable (e.g. -m m-etf --option links=ideal).")
 @click.option("--storage", default=None, help="tpe: Optuna storage URL (e.g. sqlite:///study.db) to persist/share a study.")
 @click.option("--policy", default=None, help="rl: policy name.")
 @click.option("--init-from", "init_from", type=click.Path(), default=None, help="rl: start from a saved policy.")
@@ -132,7 +128,7 @@ class _Bar:
 @click.option("--local", is_flag=True, help="--verify-top: measure on this process's own devices.")
 @click.option("--progress/--no-progress", "show_progress", default=True,
               help="Progress bar on stderr (only on a terminal).")
-def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed, out, profile, as_json,
+def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed, out, profile, as_json, quiet,
            compare, method_opts, storage, policy, init_from, logdir, verify_top, testbed_n, cluster_spec, local,
            show_progress):
     """Search a placement of GRAPH on CLUSTER with METHOD within a budget.
@@ -146,6 +142,8 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     if list_only or method == "list":
         _list_methods(as_json)
         return
+    check_writable(out, "--out")
+    check_writable(logdir, "--logdir", folder=True)
     facts = S.info(method)  # unknown method: SearchError before any loading
     fn = facts.fn
     if budget_evals is None and budget_seconds is None:
@@ -156,7 +154,6 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
              if v is not None}
     given.update(_parse_options(method_opts))
     options = _method_options(fn, method, given)
-    check_writable(out)
 
     g, cl, cm = load_problem(graph, cluster, profile)
     problem = S.Problem(cm)  # SearchError when no placement can fit
@@ -164,8 +161,16 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
         from .verifytop import check_verify_options
 
         check_verify_options(g, cl, testbed_n, cluster_spec, local)  # before searching
-    with _Bar(budget, show_progress and not as_json) as bar:
-        result = S.run(method, problem, budget, seed=seed, progress=bar, keep_top=verify_top or 0, **options)
+    interrupted = None  # exit status when Ctrl-C (130) or SIGTERM (143) cut the search short
+    try:
+        with _Bar(budget, show_progress and not (as_json or quiet)) as bar:
+            result = S.run(method, problem, budget, seed=seed, progress=bar, keep_top=verify_top or 0, **options)
+    except (KeyboardInterrupt, SystemExit) as e:
+        result = getattr(e, "partial_result", None)
+        if result is None:  # nothing evaluated yet: nothing to keep
+            raise
+        interrupted = e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
+        compare = verify_top = None  # report what was found, start nothing new
 
     lb = result.lower_bound_us
     reason = None if result.feasible else cm.simulate(result.placement).reason
@@ -203,7 +208,7 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
         from .verifytop import verify
 
         obj["verified"], best, best_us = verify(g, cl, cm, profile, problem, result, verify_top, testbed_n,
-                                                cluster_spec, local, seed, as_json)
+                                                cluster_spec, local, seed, as_json or quiet)
         v = obj["verified"]["rows"][obj["verified"]["recommended"]]
         # what hardware measured fastest is the answer, whatever the simulator preferred
         extra = {"verified": {"label": v["label"], "measured_us": v["measured_us"],
@@ -213,14 +218,22 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
             "method": method, "seed": seed, "feasible": True, "lower_bound_us": lb, **extra}))
         obj["out"] = out
 
+    if interrupted:
+        obj["interrupted"] = True
     if as_json:
         emit_json(obj)
     else:
         _print_human(g, cl, obj, baselines, out)
+    if interrupted:
+        what = "interrupted" if interrupted == 130 else "terminated"
+        kept = f"; the best placement so far is in {out}" if obj["out"] else ""
+        msg = f"{what} after {result.evaluations:,} placements{kept}"
+        click.echo(json.dumps({"error": msg, "exit_code": interrupted}) if as_json else f"placetool: {msg}",
+                   err=True)
+        sys.exit(interrupted)
     if not result.feasible:
-        if not as_json:
-            click.echo(f"placetool: the best placement found does not fit: {reason}"
-                       + (f"; {out} not written" if out else ""), err=True)
+        msg = f"the best placement found does not fit: {reason}" + (f"; {out} not written" if out else "")
+        click.echo(json.dumps({"error": msg, "exit_code": 1}) if as_json else f"placetool: {msg}", err=True)
         sys.exit(1)
 
 

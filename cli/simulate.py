@@ -9,8 +9,8 @@ import numpy as np
 
 from placetool.costmodel.errors import UserError
 
-from .common import (check_writable, cluster_option, emit_json, fmt_us, graph_option,
-                     json_option, load_problem, write_json)
+from .common import (atomic_output, check_plot_format, check_writable, cluster_option, emit_json, fmt_us, graph_option, json_option,
+                     load_problem, placement_option, profile_option, write_json)
 
 
 def parse_placement(spec: str, cm) -> np.ndarray:
@@ -47,16 +47,16 @@ def _assign_groups(cm, choose) -> np.ndarray:
 @click.command()
 @graph_option()
 @cluster_option()
-@click.option("--placement", "-p", default="round-robin", show_default=True,
-              help="A placement JSON file, single:DEVICE, round-robin or random[:SEED].")
-@click.option("--profile", default=None, help="A measured profile (placetool calibrate) for op times.")
+@placement_option(default="round-robin")
+@profile_option()
 @json_option
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Chrome trace (Perfetto).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a per-device Gantt PNG.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a per-device Gantt chart (.png, .pdf, .svg, ...).")
 def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path):
     """Simulate one placement of GRAPH on CLUSTER and print its step time."""
-    check_writable(trace_path)
-    check_writable(plot_path)
+    check_writable(trace_path, "--trace")
+    check_writable(plot_path, "--plot")
+    check_plot_format(plot_path)
     g, cl, cm = load_problem(graph, cluster, profile)
     p = parse_placement(placement, cm)
     want_trace = bool(trace_path or plot_path)
@@ -66,7 +66,8 @@ def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path)
     if trace_path:
         write_json(trace_path, r.trace.to_chrome(g, cl))
     if plot_path:
-        r.trace.plot(g, cl, plot_path)
+        with atomic_output(plot_path) as tmp:
+            r.trace.plot(g, cl, tmp)
     out = {"graph": g.name, "cluster": cl.name, "placement": placement, **r.to_dict(),
            "lower_bound_us": cm.lower_bound_us()}
     if as_json:

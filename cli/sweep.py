@@ -8,15 +8,14 @@ import click
 
 from placetool.costmodel.errors import UserError
 
-from .common import check_writable, emit_json, json_option, progress
+from .common import check_writable, emit_json, json_option, out_option, progress, quiet_option, workers_option
 
 
 @click.command()
 @click.argument("sweep_file", type=click.Path(dir_okay=False))
 @click.option("--results", "-r", default="results.db", show_default=True, type=click.Path(dir_okay=False),
               help="SQLite results store; created if missing, resumed if not.")
-@click.option("--workers", "-w", type=int, default=None,
-              help="Worker processes (default: one per core); with --dask, LocalCluster workers.")
+@workers_option("Worker processes (default: one per core); with --dask, LocalCluster workers.", old=("-w",))
 @click.option("--dask", is_flag=True, help="Run on a new local Dask cluster (distributed.LocalCluster).")
 @click.option("--scheduler", default=None, metavar="ADDRESS",
               help="Run on an existing Dask cluster, e.g. tcp://host:8786.")
@@ -27,8 +26,9 @@ from .common import check_writable, emit_json, json_option, progress
 @click.option("--skip-failed", is_flag=True, help="Do not re-run grid points recorded as failed.")
 @click.option("--dry-run", is_flag=True, help="Check the sweep file and list what would run; run nothing.")
 @json_option
+@quiet_option
 def sweep(sweep_file, results, workers, dask, scheduler, scheduler_file, placements_dir, skip_failed, dry_run,
-          as_json):
+          as_json, quiet):
     """Run every (graph, cluster, method, seed) of SWEEP_FILE; one row per run in RESULTS.
 
     Finished runs are skipped, so re-running a sweep resumes it. A run that raises is
@@ -40,15 +40,15 @@ def sweep(sweep_file, results, workers, dask, scheduler, scheduler_file, placeme
 
     if sum(bool(x) for x in (dask, scheduler, scheduler_file)) > 1:
         raise SweepError("give at most one of --dask, --scheduler, --scheduler-file")
-    if workers is not None and workers < 1:
-        raise SweepError(f"--workers must be at least 1, got {workers}")
     if workers is not None and (scheduler or scheduler_file):
         raise SweepError("--workers sizes a local pool or --dask cluster; an existing cluster has its own")
     sw = load_sweep(sweep_file)  # every name and option checked before anything runs
-    check_writable(results)
     if placements_dir is None:
         p = Path(results)
         placements_dir = str(p.with_name(p.stem + "-placements"))
+    if not dry_run:  # a dry run only reads: it works on a read-only copy of the results
+        check_writable(results, "--results")
+        check_writable(placements_dir, "--placements-dir", folder=True)
     if dry_run:
         with ResultStore(results, create=False) if Path(results).is_file() else _NoStore() as st:
             have = st.statuses()
@@ -70,10 +70,10 @@ def sweep(sweep_file, results, workers, dask, scheduler, scheduler_file, placeme
 
     def on_start(total, to_run):
         nonlocal bar
-        if not as_json:
+        if not (as_json or quiet):
             click.echo(f"sweep {sw.name}: {total} grid points, {total - to_run} done already, "
                        f"{to_run} to run on {where}", err=True)
-        bar = progress(to_run, "runs", enabled=not as_json)
+        bar = progress(to_run, "runs", enabled=not (as_json or quiet))
         bar.__enter__()
 
     failures = []
@@ -94,9 +94,12 @@ def sweep(sweep_file, results, workers, dask, scheduler, scheduler_file, placeme
                 summary = run_sweep(sw, store, workers=workers, dask=dask, placements_dir=placements_dir,
                                     retry_failed=not skip_failed, on_start=on_start, on_result=on_result,
                                     client=client)
-            finally:
+            except BaseException as e:
                 if bar is not None:
-                    bar.__exit__(None, None, None)
+                    bar.__exit__(type(e), e, e.__traceback__)
+                raise
+            if bar is not None:
+                bar.__exit__(None, None, None)
             n_ok, n_failed = store.count("ok"), store.count("failed")
     finally:
         if client is not None:
@@ -110,7 +113,8 @@ def sweep(sweep_file, results, workers, dask, scheduler, scheduler_file, placeme
     else:
         rpm = summary["runs_per_minute"]
         click.echo(f"ran {summary['ran']}: {summary['ok']} ok, {summary['failed']} failed in "
-                   f"{summary['seconds']:.1f} s" + (f" ({rpm:,.0f} runs/min)" if rpm else ""))
+                   f"{summary['seconds']:.1f} s" + (f" ({rpm:,.0f} runs/min)" if rpm else "")
+                   + (f"; {summary['elsewhere']} run by another sweep on {results}" if summary["elsewhere"] else ""))
         for f in failures[:10]:
             click.echo(f"  failed: {f['method']} on {f['graph']}/{f['cluster']} seed {f['seed']}: "
                        f"{(f.get('error') or '').splitlines()[0] if f.get('error') else ''}")
@@ -133,8 +137,7 @@ class _NoStore:
 
 @click.command()
 @click.argument("results", type=click.Path(dir_okay=False))
-@click.option("--out", "-o", "out_dir", default="report", show_default=True, type=click.Path(file_okay=False),
-              help="Folder for report.md and the plots.")
+@out_option("Folder for report.md and the plots.", folder=True, default="report", name="out_dir")
 @click.option("--html", is_flag=True, help="Also write report.html, one self-contained page.")
 @click.option("--no-gantt", is_flag=True, help="Skip the Gantt timelines (they re-simulate the best placements).")
 @json_option
@@ -146,6 +149,7 @@ def report(results, out_dir, html, no_gantt, as_json):
 
     if not Path(results).is_file():
         raise UserError(f"{results}: no such results file")
+    check_writable(out_dir, "--out", folder=True)
     r = build_report(results, out_dir, html=html, gantt=not no_gantt)
     if as_json:
         emit_json({k: v for k, v in r.items() if k != "summary"})

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +77,10 @@ class Device:
     send_us_per_byte: float = 0.0
     recv_us: float = 0.0
     recv_us_per_byte: float = 0.0
+
+
+#: the fields a [[devices]] entry may have (a misspelt one is an error, not a default)
+DEVICE_KEYS = frozenset(f.name for f in fields(Device))
 
 
 @dataclass(eq=False)
@@ -148,6 +152,9 @@ class Cluster:
             for key in ("name", "kind", "memory_bytes"):
                 if key not in e:
                     raise ClusterError(f"{where}: missing field {key!r}")
+            unknown = sorted(set(e) - DEVICE_KEYS)
+            if unknown:  # a misspelt field would silently fall back to a default
+                raise ClusterError(f"{where}: unknown field {unknown[0]!r} (fields: {', '.join(sorted(DEVICE_KEYS))})")
             kind = e["kind"]
             if kind not in KINDS:
                 raise ClusterError(f"{where}: kind {kind!r} is not one of {KINDS}")
@@ -157,8 +164,9 @@ class Cluster:
                     spec[key] = _positive(e[key], f"{where}: {key}", allow_zero=key == "launch_overhead_us")
             costs = {key: _cost(e[key], f"{where}: {key}") for key in TRANSFER_COST_KEYS if key in e}
             mem = e["memory_bytes"]
-            if not isinstance(mem, (int, float)) or isinstance(mem, bool) or mem <= 0:
-                raise ClusterError(f"{where}: memory_bytes must be a positive number, got {mem!r}")
+            if not isinstance(mem, int) or isinstance(mem, bool) or mem <= 0:
+                raise ClusterError(f"{where}: memory_bytes must be a positive whole number of bytes "
+                                   f"(e.g. 12884901888), got {mem!r}")
             devices.append(
                 Device(
                     name=str(e["name"]),
@@ -272,15 +280,21 @@ def load(path) -> Cluster:
             d = tomllib.load(f)
     except FileNotFoundError:
         raise ClusterError(f"{path}: no such cluster file") from None
-    except tomllib.TOMLDecodeError as e:
+    except IsADirectoryError:
+        raise ClusterError(f"{path}: is a folder, not a cluster file") from None
+    except OSError as e:
+        raise ClusterError(f"{path}: cannot read ({e.strerror or e})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ClusterError(f"{path}: malformed TOML ({e})") from None
     d.setdefault("name", path.name.removesuffix(".toml"))
     return Cluster.from_dict(d, source=str(path))
 
 
 def _positive(v, where, allow_zero=False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 or (allow_zero and v == 0)):
-        raise ClusterError(f"{where} must be a {'non-negative' if allow_zero else 'positive'} number, got {v!r}")
+    if (isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 or (allow_zero and v == 0))
+            or v == float("inf")):
+        raise ClusterError(f"{where} must be a {'non-negative' if allow_zero else 'positive'} finite number, "
+                           f"got {v!r}")
     return float(v)
 
 

@@ -11,21 +11,32 @@ class UserError(ValueError):
     """Bad input from a user: the CLI prints the message on one line and exits 2."""
 
 
+class OutputError(UserError, OSError):
+    """A file that cannot be written (read-only or full disk, no permission); names it."""
+
+
 def atomic_write(path, data: bytes | str) -> None:
-    """Write a file all at once: readers never see a half-written file."""
+    """Write a file all at once: readers never see a half-written file. A failure is an
+    :class:`OutputError` naming ``path`` (and nothing is left behind)."""
     path = Path(path)
     if isinstance(data, str):
         data = data.encode("utf-8")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         # mkstemp makes 0600 files; outputs are shared (results, placements on shared disks)
         os.fchmod(fd, 0o644)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
+    except OSError as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 

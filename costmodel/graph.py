@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -455,55 +456,113 @@ class OpGraph:
         atomic_write(path, buf.getvalue())
 
 
+#: stored arrays: name -> numpy kinds it may have (i: signed, u: unsigned, f: float)
+_ARRAY_KINDS = {
+    "names": "u", "type_vocab": "u", "op_type_code": "iu", "out_bytes": "iu", "param_bytes": "iu",
+    "flops": "iuf", "group": "iu", "allowed": "iu", "layer": "iu", "tensor_op": "iu",
+    "tensor_bytes": "iu", "edge_src": "iu", "edge_dst": "iu", "edge_tensor": "iu",
+}
+_REQUIRED = ("names", "type_vocab", "op_type_code", "out_bytes", "edge_src", "edge_dst")
+
+
 def load(path) -> OpGraph:
-    """Read a graph written by :meth:`OpGraph.save`; errors name the file and field."""
+    """Read a graph written by :meth:`OpGraph.save`.
+
+    Every kind of damage (a cut-short or bit-flipped file, a member that is not a plain
+    numeric array, wrong meta data, a graph with no ops) is a one-line
+    :class:`GraphError` naming the file; pickled arrays are never loaded.
+    """
     path = Path(path)
+    if path.is_dir():
+        raise GraphError(f"{path}: is a folder, not a graph file")
     try:
-        z = zipfile.ZipFile(path)
+        meta, a = _read_members(path)
     except FileNotFoundError:
         raise GraphError(f"{path}: no such graph file") from None
-    except (zipfile.BadZipFile, OSError) as e:
-        raise GraphError(f"{path}: not a placetool graph file ({e})") from None
-    with z:
-        try:
-            meta = json.loads(z.read("meta.json"))
-        except (KeyError, ValueError) as e:
-            raise GraphError(f"{path}: missing or malformed meta.json ({e})") from None
-        if meta.get("format") != FORMAT:
-            raise GraphError(f"{path}: format {meta.get('format')!r} is not {FORMAT!r}")
-        if meta.get("version") != VERSION:
-            raise GraphError(
-                f"{path}: unknown {FORMAT} version {meta.get('version')!r} (this placetool reads {VERSION})"
-            )
-        a = {}
-        for name in z.namelist():
-            if name.endswith(".npy"):
-                a[name[:-4]] = np.load(io.BytesIO(z.read(name)), allow_pickle=False)
-    need = ("names", "type_vocab", "op_type_code", "out_bytes", "edge_src", "edge_dst")
-    for k in need:
-        if k not in a:
-            raise GraphError(f"{path}: missing field {k!r}")
-    vocab = _unpack_strings(a["type_vocab"])
+    except GraphError as e:
+        raise GraphError(f"{path}: {e}") from None
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, KeyError, TypeError,
+            UnicodeDecodeError, OverflowError, NotImplementedError, RuntimeError) as e:
+        # zip headers, deflate streams, CRCs, npy headers: all say "damaged"
+        raise GraphError(f"{path}: damaged or not a placetool graph file ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())})") from None
     try:
+        names = _unpack_strings(a["names"])
+        vocab = _unpack_strings(a["type_vocab"])
+        codes = a["op_type_code"]
+        if len(codes) != len(names):
+            raise GraphError(f"field 'op_type_code' has {len(codes)} entries for {len(names)} ops")
+        if len(codes) and (codes.min() < 0 or codes.max() >= len(vocab)):
+            raise GraphError("field 'op_type_code' names an op type that is not in 'type_vocab'")
+        if not names:
+            raise GraphError("the graph has no ops")
         return OpGraph.from_arrays(
             meta.get("name", path.stem),
-            _unpack_strings(a["names"]),
-            [vocab[c] for c in a["op_type_code"]],
+            names,
+            [vocab[c] for c in codes.tolist()],
             a["out_bytes"],
-            a["edge_src"],
-            a["edge_dst"],
-            edge_tensor=a.get("edge_tensor"),
-            tensor_op=a.get("tensor_op"),
+            _index_array(a["edge_src"], "edge_src"),
+            _index_array(a["edge_dst"], "edge_dst"),
+            edge_tensor=_index_array(a.get("edge_tensor"), "edge_tensor"),
+            tensor_op=_index_array(a.get("tensor_op"), "tensor_op"),
             tensor_bytes=a.get("tensor_bytes"),
             param_bytes=a.get("param_bytes"),
             flops=a.get("flops"),
             group=a.get("group"),
-            allowed=a.get("allowed"),
-            layer=a.get("layer"),
+            allowed=_index_array(a.get("allowed"), "allowed"),
+            layer=_index_array(a.get("layer"), "layer"),
             meta=meta.get("meta", {}),
         )
     except GraphError as e:
         raise GraphError(f"{path}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise GraphError(f"{path}: damaged op or type names ({e.reason} at byte {e.start})") from None
+
+
+def _read_members(path: Path) -> tuple[dict, dict]:
+    """meta.json and the arrays of a graph file, each checked for shape and kind."""
+    with zipfile.ZipFile(path) as z:
+        try:
+            raw = z.read("meta.json")
+        except KeyError:
+            raise GraphError("missing meta.json") from None
+        try:
+            meta = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise GraphError(f"malformed meta.json ({e})") from None
+        if not isinstance(meta, dict):
+            raise GraphError("meta.json is not an object")
+        if meta.get("format") != FORMAT:
+            raise GraphError(f"format {meta.get('format')!r} is not {FORMAT!r}")
+        if meta.get("version") != VERSION:
+            raise GraphError(f"unknown {FORMAT} version {meta.get('version')!r} (this placetool reads {VERSION})")
+        if not isinstance(meta.get("name", ""), str):
+            raise GraphError("meta.json: 'name' is not a string")
+        if not isinstance(meta.get("meta", {}), dict):
+            raise GraphError("meta.json: 'meta' is not an object")
+        a = {}
+        for name in z.namelist():
+            key = name[:-4]
+            if not name.endswith(".npy") or key not in _ARRAY_KINDS:
+                continue
+            arr = np.load(io.BytesIO(z.read(name)), allow_pickle=False)
+            if arr.ndim != 1 or arr.dtype.kind not in _ARRAY_KINDS[key]:
+                raise GraphError(f"field {key!r} is a {arr.ndim}-D {arr.dtype} array, "
+                                 f"not a 1-D array of {'bytes' if key in ('names', 'type_vocab') else 'numbers'}")
+            a[key] = arr
+    for k in _REQUIRED:
+        if k not in a:
+            raise GraphError(f"missing field {k!r}")
+    return meta, a
+
+
+def _index_array(a, name):
+    """An integer array that must fit int32 (op, tensor and group indices, codes)."""
+    if a is None:
+        return None
+    if len(a) and (a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max):
+        raise GraphError(f"field {name!r} holds values out of range")
+    return a
 
 
 # ------------------------------------------------------------------------- CSR

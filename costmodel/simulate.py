@@ -364,6 +364,14 @@ class CostModel:
         d = read_json(path, "placement", PlacementError)
         if not isinstance(d, dict) or not isinstance(d.get("devices"), dict):
             raise PlacementError(f"{path}: expected an object with a 'devices' table of op -> device")
+        # hand-written files may leave format and version out; a wrong one is refused
+        if d.get("format", "placetool.placement") != "placetool.placement":
+            raise PlacementError(f"{path}: format {d['format']!r} is not 'placetool.placement'")
+        if d.get("version", 1) != 1 or isinstance(d.get("version"), bool):
+            raise PlacementError(f"{path}: placement version {d['version']!r} is not 1 (the one this placetool reads)")
+        for op, dev in d["devices"].items():
+            if isinstance(dev, bool) or not isinstance(dev, (str, int)):
+                raise PlacementError(f"{path}: op {op!r}: device {dev!r} is neither a device name nor an index")
         try:
             return self.placement_array(d["devices"])
         except (PlacementError, ValueError) as e:

@@ -245,7 +245,7 @@ def load(folder, expect_policy: str | None = None, n_devices: int | None = None)
                           f"this cluster has {n_devices}")
     pol = make(kind, **cfg)
     try:
-        with np.load(folder / "weights.npz") as z:
+        with np.load(folder / "weights.npz", allow_pickle=False) as z:
             ws = [z[k] for k in sorted(z.files) if k.startswith("w")]
             res = sorted(k for k in z.files if k.startswith("residual"))
             if res:

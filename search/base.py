@@ -393,8 +393,18 @@ def run(name: str, problem: Problem, budget: Budget, seed: int = 0,
         meta = method(problem, budget, seed, tracker, **options)
     except BudgetExhausted:
         pass
+    except (KeyboardInterrupt, SystemExit) as e:
+        # interrupted (Ctrl-C, or a SIGTERM handler that raises one): the caller can still
+        # save the best found so far, from ``e.partial_result``
+        if tracker.best_assignment is not None:
+            e.partial_result = _result(name, problem, tracker, {"interrupted": True})
+        raise
     if tracker.best_assignment is None:
         raise SearchError(f"method {name!r} evaluated no placement within the budget")
+    return _result(name, problem, tracker, meta)
+
+
+def _result(name: str, problem: Problem, tracker: Tracker, meta) -> SearchResult:
     a = tracker.best_assignment
     return SearchResult(
         method=name,

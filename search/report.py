@@ -338,6 +338,19 @@ def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(s).name.removesuffix(".npz").removesuffix(".toml"))
 
 
+def _gantt_names(columns) -> dict:
+    """A distinct file name per (graph, cluster): graphs v1/model.npz and v2/model.npz
+    share a slug, so colliding names get a short hash of the full path."""
+    import hashlib
+
+    base = {col: f"gantt_{_slug(col[0])}_{_slug(col[1])}" for col in columns}
+    counts: dict = {}
+    for b in base.values():
+        counts[b] = counts.get(b, 0) + 1
+    return {col: (b if counts[b] == 1 else f"{b}_{hashlib.sha1(repr(col).encode()).hexdigest()[:6]}") + ".png"
+            for col, b in base.items()}
+
+
 def build_report(results, out_dir, html: bool = False, gantt: bool = True) -> dict:
     """Write report.md (+ report.html), methods.png, convergence.png and gantt_*.png into
     ``out_dir``; returns {"files": [...], "runs", "ok", "failed"}."""
@@ -358,10 +371,11 @@ def build_report(results, out_dir, html: bool = False, gantt: bool = True) -> di
     if png:
         images.append(("convergence.png", png, "Convergence: best-so-far step time against evaluations"))
     if gantt:
+        names = _gantt_names(summary["columns"])
         for col in summary["columns"]:
             got = plot_best_gantt(summary, col)
             if got:
-                images.append((f"gantt_{_slug(col[0])}_{_slug(col[1])}.png", got[0], got[1]))
+                images.append((names[col], got[0], got[1]))
     n_ok = sum(r["status"] == "ok" for r in rows)
     budgets = sorted({r["budget"] for r in rows})
     meta = [f"results: {Path(results).name}", f"runs: {len(rows)} ({n_ok} ok, {len(rows) - n_ok} failed)",

@@ -5,6 +5,12 @@ key on it, so re-running a sweep replaces a row instead of adding one, and a swe
 skip the points already ``ok`` (resume). Only the sweep driver writes (workers return
 their records to it), so there is a single writer and no locking between workers.
 
+Several drivers may share one store (two ``placetool sweep`` runs on one file, on one
+machine or on several over a shared disk): a driver *claims* a grid point (table
+``claims``) before it starts it, so each point runs once and the drivers split the
+grid. A claim whose driver died is taken over: at once on the same host (its pid is
+gone), after ``CLAIM_LEASE_S`` without a heartbeat from another host.
+
 >>> import tempfile, os
 >>> s = ResultStore(os.path.join(tempfile.mkdtemp(), "r.db"))
 >>> s.put({"graph": "g", "cluster": "c", "method": "single", "seed": 0, "budget": "evals=1",
@@ -17,6 +23,7 @@ their records to it), so there is a single writer and no locking between workers
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from pathlib import Path
@@ -25,6 +32,7 @@ from placetool.costmodel.errors import UserError
 
 SCHEMA_VERSION = 1
 KEY = ("graph", "cluster", "method", "seed", "budget", "options")
+CLAIM_LEASE_S = 2 * 3600.0  # a claim from another host with no heartbeat this long is dead
 
 # (column, SQL type); the order is the table's column order.
 COLUMNS = (
@@ -63,6 +71,30 @@ NAMES = tuple(c for c, _ in COLUMNS)
 JSON_COLUMNS = ("options", "versions", "history", "metadata")
 
 
+def _where() -> str:
+    return " AND ".join(f"{c} = ?" for c in KEY)
+
+
+def _claim_dead(c, host: str, now: float, lease_s: float) -> bool:
+    """A claim whose driver is gone: a dead pid on this host, or an old heartbeat."""
+    if c["host"] == host and c["pid"] is not None:
+        import os
+
+        try:
+            os.kill(int(c["pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        try:  # an ended (zombie) driver
+            with open(f"/proc/{int(c['pid'])}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            pass
+    return c["heartbeat"] is None or now - float(c["heartbeat"]) > lease_s
+
+
 class StoreError(UserError):
     """A results file that is not a placetool results store (or a newer one)."""
 
@@ -82,7 +114,9 @@ class ResultStore:
             self.db.row_factory = sqlite3.Row
             self._check_or_create(create)
         except sqlite3.DatabaseError as e:
-            raise StoreError(f"{self.path}: not a results database ({e})") from None
+            raise StoreError(f"{self.path}: not a results database, or a damaged one ({e})") from None
+        except sqlite3.Error as e:  # e.g. a read-only file system when the table must be created
+            raise StoreError(f"cannot open {self.path}: {e}") from None
 
     def _check_or_create(self, create: bool) -> None:
         tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -108,6 +142,75 @@ class ResultStore:
                 for c in missing:
                     self.db.execute(f"ALTER TABLE runs ADD COLUMN {c} {dict(COLUMNS)[c]}")
 
+    # ------------------------------------------------------------------ claims
+    def _claims_table(self) -> None:
+        with self.db:
+            self.db.execute(f"CREATE TABLE IF NOT EXISTS claims ({', '.join(KEY)}, owner TEXT NOT NULL, "
+                            f"host TEXT, pid INTEGER, heartbeat REAL, UNIQUE ({', '.join(KEY)}))")
+
+    def row_versions(self) -> dict:
+        """Grid point key -> (status, timestamp), for every row."""
+        q = f"SELECT {', '.join(KEY)}, status, timestamp FROM runs"
+        with self._errors("cannot read"):
+            return {tuple(r[:len(KEY)]): tuple(r[len(KEY):]) for r in self.db.execute(q)}
+
+    def row_version(self, key: tuple):
+        """(status, timestamp) of a grid point's row, or None: tells whether another
+        driver has recorded it since."""
+        with self._errors("cannot read"):
+            r = self.db.execute(f"SELECT status, timestamp FROM runs WHERE {_where()}", key).fetchone()
+        return None if r is None else tuple(r)
+
+    def claim(self, key: tuple, owner: str, seen=None, lease_s: float = CLAIM_LEASE_S) -> bool:
+        """Claim a grid point for ``owner`` before running it. False if another live
+        driver holds it, or its row changed since ``seen`` (:meth:`row_version` when this
+        driver planned its work): someone else ran it meanwhile."""
+        import os
+        import socket
+        import time
+
+        host, now = socket.gethostname(), time.time()
+        with self._errors("cannot claim a run in"):
+            self._claims_table()
+            self.db.execute("BEGIN IMMEDIATE")  # one driver at a time decides
+            try:
+                r = self.db.execute(f"SELECT status, timestamp FROM runs WHERE {_where()}", key).fetchone()
+                if (None if r is None else tuple(r)) != seen:
+                    self.db.execute("ROLLBACK")
+                    return False
+                c = self.db.execute(f"SELECT owner, host, pid, heartbeat FROM claims WHERE {_where()}",
+                                    key).fetchone()
+                if c is not None and c["owner"] != owner and not _claim_dead(c, host, now, lease_s):
+                    self.db.execute("ROLLBACK")
+                    return False
+                self.db.execute(f"INSERT OR REPLACE INTO claims ({', '.join(KEY)}, owner, host, pid, heartbeat) "
+                                f"VALUES ({', '.join('?' * (len(KEY) + 4))})", (*key, owner, host, os.getpid(), now))
+                self.db.execute("COMMIT")
+                return True
+            except BaseException:
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+                raise
+
+    def release(self, owner: str, key: tuple | None = None) -> None:
+        """Drop ``owner``'s claim on ``key`` (all of its claims when ``key`` is None)."""
+        with self._errors("cannot release a claim in"):
+            self._claims_table()
+            with self.db:
+                if key is None:
+                    self.db.execute("DELETE FROM claims WHERE owner = ?", (owner,))
+                else:
+                    self.db.execute(f"DELETE FROM claims WHERE {_where()} AND owner = ?", (*key, owner))
+
+    def heartbeat(self, owner: str) -> None:
+        """Mark ``owner``'s claims as held by a live driver."""
+        import time
+
+        with self._errors("cannot update claims in"):
+            self._claims_table()
+            with self.db:
+                self.db.execute("UPDATE claims SET heartbeat = ? WHERE owner = ?", (time.time(), owner))
+
     # ------------------------------------------------------------------ writing
     def put(self, record: dict) -> None:
         """Insert a run, replacing the row with the same grid point; committed at once."""
@@ -119,35 +222,52 @@ class ResultStore:
             if row[c] is None:
                 raise ValueError(f"a run record needs {c!r}")
         marks = ", ".join("?" for _ in NAMES)
-        with self.db:
-            self.db.execute(
-                f"INSERT INTO runs ({', '.join(NAMES)}) VALUES ({marks}) "
-                f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET "
-                + ", ".join(f"{c} = excluded.{c}" for c in NAMES if c not in KEY),
-                [row[c] for c in NAMES],
-            )
+        with self._errors("cannot record a run in"):
+            with self.db:
+                self.db.execute(
+                    f"INSERT INTO runs ({', '.join(NAMES)}) VALUES ({marks}) "
+                    f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET "
+                    + ", ".join(f"{c} = excluded.{c}" for c in NAMES if c not in KEY),
+                    [row[c] for c in NAMES],
+                )
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str):
+        """SQLite and JSON failures (read-only or full disk, a damaged file) as a
+        StoreError naming the file."""
+        try:
+            yield
+        except sqlite3.IntegrityError:  # a record that breaks the schema: a bug, not the file
+            raise
+        except sqlite3.Error as e:
+            raise StoreError(f"{doing} {self.path}: {e}") from None
+        except (ValueError, UnicodeDecodeError) as e:  # a damaged JSON column
+            raise StoreError(f"{doing} {self.path}: damaged row ({e})") from None
 
     # ------------------------------------------------------------------ reading
     def statuses(self) -> dict[tuple, str]:
         """Grid point key -> status, for every row."""
         q = f"SELECT {', '.join(KEY)}, status FROM runs"
-        return {tuple(r[:-1]): r[-1] for r in self.db.execute(q)}
+        with self._errors("cannot read"):
+            return {tuple(r[:-1]): r[-1] for r in self.db.execute(q)}
 
     def rows(self, status: str | None = None) -> list[dict]:
         """All rows (or those with one status) as dicts, JSON columns decoded."""
         q = "SELECT * FROM runs" + (" WHERE status = ?" if status else "") + " ORDER BY " + ", ".join(KEY)
         out = []
-        for r in self.db.execute(q, (status,) if status else ()):
-            d = {c: None for c in NAMES} | dict(r)
-            for c in JSON_COLUMNS:
-                if d.get(c) is not None:
-                    d[c] = json.loads(d[c])
-            out.append(d)
+        with self._errors("cannot read"):
+            for r in self.db.execute(q, (status,) if status else ()):
+                d = {c: None for c in NAMES} | dict(r)
+                for c in JSON_COLUMNS:
+                    if d.get(c) is not None:
+                        d[c] = json.loads(d[c])
+                out.append(d)
         return out
 
     def count(self, status: str | None = None) -> int:
         q = "SELECT COUNT(*) FROM runs" + (" WHERE status = ?" if status else "")
-        return self.db.execute(q, (status,) if status else ()).fetchone()[0]
+        with self._errors("cannot read"):
+            return self.db.execute(q, (status,) if status else ()).fetchone()[0]
 
     def close(self) -> None:
         self.db.close()

@@ -401,8 +401,77 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def _init_worker(threads: int | None) -> None:
-    """Process-pool worker start: pin numba and BLAS threads so workers share the cores."""
+def exit_with(pid: int) -> None:
+    """Exit this process (at once, ``os._exit``) when process ``pid`` ends.
+
+    Pool workers are children of the forkserver, not of the driver, and the forkserver
+    lives as long as any worker does; so a worker watches the driver itself. A pidfd
+    wakes the watching thread the moment the driver ends (polling /proc where there is
+    none); ``PR_SET_PDEATHSIG`` covers the forkserver going away too.
+    """
+    import threading
+
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+    def watch():
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            import select
+
+            p = select.poll()
+            p.register(fd, select.POLLIN)
+            p.poll()  # readable once the process has ended
+        else:
+            while _process_alive(pid):
+                time.sleep(0.5)
+        os._exit(128 + signal.SIGTERM)
+
+    if not _process_alive(pid):
+        os._exit(128 + signal.SIGTERM)
+    threading.Thread(target=watch, name="exit-with-driver", daemon=True).start()
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has ended
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _worker_term(signum, frame) -> None:
+    """A pool worker told to stop: release what this process registered with the
+    multiprocessing resource tracker (numba's init lock), then exit at once. (SystemExit
+    would be caught by the pool's task loop and sent back as the task's result.)"""
+    import multiprocessing.util as mpu
+
+    try:
+        mpu._run_finalizers(0)
+    finally:
+        os._exit(128 + signum)
+
+
+def _init_worker(threads: int | None, driver: int | None = None) -> None:
+    """Process-pool worker start: exit with the driver process (no orphans when it is
+    killed), pin numba and BLAS threads so workers share the cores."""
+    if driver:
+        exit_with(driver)
+    signal.signal(signal.SIGTERM, _worker_term)
     if threads:
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[var] = str(threads)
@@ -421,8 +490,9 @@ def _mp_context():
 
 
 def run_pool(runs: list[Run], workers: int, on_result: Callable[[dict], None], threads: int | None = None,
-             max_attempts: int = 2, run_fn: Callable = run_one) -> None:
+             max_attempts: int = 2, run_fn: Callable = run_one, claim: Callable[[Run], bool] | None = None) -> None:
     """Run on a local process pool, calling ``on_result(record)`` as each run finishes.
+    ``claim(run)``, asked just before a run starts, may say another driver has it.
 
     At most ``workers`` runs are in flight, so when a worker dies the suspects are known:
     they are re-run one at a time, which finds the culprit; a run whose worker dies
@@ -437,7 +507,7 @@ def run_pool(runs: list[Run], workers: int, on_result: Callable[[dict], None], t
 
     def new_pool():
         return ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                                   initargs=(threads,))
+                                   initargs=(threads, os.getpid()))
 
     pending, suspects = deque(runs), deque()
     lost: dict[Run, int] = {}    # times a run was in flight when its pool broke
@@ -451,6 +521,8 @@ def run_pool(runs: list[Run], workers: int, on_result: Callable[[dict], None], t
             while len(inflight) < limit and (suspects or pending):
                 queue = suspects if suspects else pending
                 r = queue.popleft()
+                if queue is pending and claim is not None and not claim(r):
+                    continue
                 try:
                     inflight[pool.submit(run_fn, r, threads)] = r
                 except BrokenProcessPool:  # a worker died since the last wait: handled below
@@ -485,8 +557,32 @@ def run_pool(runs: list[Run], workers: int, on_result: Callable[[dict], None], t
                 continue
             for f in done:
                 on_result(_result(f, inflight.pop(f), lost))
+    except BaseException:
+        # interrupted or terminated: the runs in flight are lost anyway (nothing of theirs
+        # is stored), so stop their workers now instead of waiting for them at exit
+        _kill_workers(pool)
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _kill_workers(pool, grace_s: float = 3.0) -> None:
+    """SIGTERM every worker of ``pool``, SIGKILL those still there after ``grace_s``."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for sig_method in ("terminate", "kill"):
+        for proc in procs:
+            try:
+                if proc.is_alive():
+                    getattr(proc, sig_method)()
+            except (OSError, ValueError, AssertionError):
+                pass
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            try:
+                proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            except (OSError, ValueError, AssertionError):
+                pass
 
 
 def _result(fut, run: Run, lost: dict) -> dict:
@@ -518,13 +614,18 @@ def dask_threads(client) -> dict:
 
 
 def run_dask(runs: list[Run], client, on_result: Callable[[dict], None], retries: int = 1,
-             run_fn: Callable = run_one) -> None:
+             run_fn: Callable = run_one, claim: Callable[[Run], bool] | None = None) -> None:
     """Run on a Dask cluster. The scheduler re-runs a task whose worker died
-    (``distributed.scheduler.allowed-failures`` times); after that it is recorded as failed."""
+    (``distributed.scheduler.allowed-failures`` times); after that it is recorded as failed.
+    ``claim(run)``: as in :func:`run_pool` (asked for every run before submitting)."""
     from distributed import KilledWorker, as_completed
 
     import uuid
 
+    if claim is not None:
+        runs = [r for r in runs if claim(r)]
+    if not runs:
+        return
     threads = dask_threads(client)
     batch = uuid.uuid4().hex[:8]  # keys unique per call: a shared client may still hold older ones
     futs = {}
@@ -591,42 +692,60 @@ def run_sweep(sweep: Sweep, store, *, workers: int | None = None, dask: bool = F
     if placements_dir is not None:
         Path(placements_dir).mkdir(parents=True, exist_ok=True)
     grid = sweep.runs(placements_dir)
-    have = store.statuses()
+    seen = store.row_versions()
     skip = {"ok"} | (set() if retry_failed else {"failed"})
-    todo = [r for r in grid if have.get(r.key) not in skip]
+    todo = [r for r in grid if seen.get(r.key, (None,))[0] not in skip]
     counts = {"ok": 0, "failed": 0}
     if on_start:
         on_start(len(grid), len(todo))
+    # claim each point just before it starts: several drivers on one store split the grid
+    owner = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+    elsewhere = []
+
+    def claim(run: Run) -> bool:
+        if store.claim(run.key, owner, seen.get(run.key)):
+            return True
+        elsewhere.append(run)
+        return False
 
     def done(rec):
         store.put(rec)
+        store.release(owner, tuple(rec[c] for c in ("graph", "cluster", "method", "seed", "budget", "options")))
+        store.heartbeat(owner)
         counts[rec["status"]] += 1
         if on_result:
             on_result(rec)
 
     t0 = time.perf_counter()
     runner = "pool"
-    if client is not None:
-        runner = "dask"
-        if todo:
-            run_dask(todo, client, done, run_fn=run_fn)
-    elif todo:
-        if dask or scheduler or scheduler_file:
+    try:
+        if client is not None:
             runner = "dask"
-            client, cluster = connect_dask(dask, scheduler, scheduler_file, workers)
-            try:
-                run_dask(todo, client, done, run_fn=run_fn)
-            finally:
-                client.close()
-                if cluster is not None:
-                    cluster.close()
-        else:
-            n = min(workers or cpu_count(), len(todo))
-            run_pool(todo, n, done, threads=max(1, cpu_count() // n), run_fn=run_fn)
+            if todo:
+                run_dask(todo, client, done, run_fn=run_fn, claim=claim)
+        elif todo:
+            if dask or scheduler or scheduler_file:
+                runner = "dask"
+                client, cluster = connect_dask(dask, scheduler, scheduler_file, workers)
+                try:
+                    run_dask(todo, client, done, run_fn=run_fn, claim=claim)
+                finally:
+                    client.close()
+                    if cluster is not None:
+                        cluster.close()
+            else:
+                n = min(workers or cpu_count(), len(todo))
+                run_pool(todo, n, done, threads=max(1, cpu_count() // n), run_fn=run_fn, claim=claim)
+    finally:
+        try:
+            store.release(owner)  # interrupted: what this driver did not finish is free again
+        except UserError:
+            pass
     secs = time.perf_counter() - t0
-    return {"sweep": sweep.name, "grid": len(grid), "skipped": len(grid) - len(todo), "ran": len(todo),
-            "ok": counts["ok"], "failed": counts["failed"], "seconds": secs, "runner": runner,
-            "runs_per_minute": 60 * len(todo) / secs if todo and secs > 0 else None}
+    ran = counts["ok"] + counts["failed"]
+    return {"sweep": sweep.name, "grid": len(grid), "skipped": len(grid) - len(todo), "ran": ran,
+            "elsewhere": len(elsewhere), "ok": counts["ok"], "failed": counts["failed"], "seconds": secs,
+            "runner": runner, "runs_per_minute": 60 * ran / secs if ran and secs > 0 else None}
 
 
 __all__ = ["Run", "Sweep", "SweepError", "load_sweep", "parse_sweep", "run_one", "run_pool", "run_dask",

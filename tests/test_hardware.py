@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -457,7 +458,9 @@ def test_testbed_up_status_down_cli(tmp_path):
         r = CliRunner().invoke(cli, ["testbed", "up", "--workers", "1", "--state", str(state)])
         assert isinstance(r.exception, UserError) and "already up" in str(r.exception)
         r = CliRunner().invoke(cli, ["testbed", "down", "--state", str(state), "--json"])
-        assert json.loads(r.output) == {"stopped": 1, "state": str(state)}
+        d = json.loads(r.output)
+        assert (d["stopped"], d["state"]) == (1, str(state))
+        assert d["removed_logs"] and not Path(d["removed_logs"]).exists()  # the workers' log folder
         assert _wait_dead(pids) and not state.exists()
     finally:
         for p in pids:

@@ -81,8 +81,10 @@ def test_infeasible_best_exits_1_and_writes_nothing(tmp_path, capsys):
     assert code == 1
     assert "does not fit" in err and "out of memory" in err
     assert not out.exists()
-    code, stdout, _ = call(["search", "-g", "synthetic-200", "-c", str(path), "-m", "single", "--json"], capsys)
+    code, stdout, err = call(["search", "-g", "synthetic-200", "-c", str(path), "-m", "single", "--json"], capsys)
     assert code == 1 and json.loads(stdout)["feasible"] is False
+    e = json.loads(err)  # the error as one JSON object on stderr
+    assert e["exit_code"] == 1 and "out of memory" in e["error"]
 
 
 def test_missing_out_folder_fails_before_search(tmp_path, capsys):

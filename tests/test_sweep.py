@@ -358,3 +358,68 @@ def test_sweep_on_an_existing_dask_cluster_through_its_scheduler_file(tmp_path):
     bad = tmp_path / "none.db"
     r = placetool("sweep", str(f), "--results", str(bad), "--scheduler-file", str(tmp_path / "gone.json"))
     assert r.returncode == 2 and "no such scheduler file" in r.stderr and not bad.exists()
+
+
+# ------------------------------------------------------------------ claims
+def _key(seed):
+    return ("g", "c", "random", seed, "evals=5", "{}")
+
+
+def test_a_claimed_point_is_refused_to_another_driver(tmp_path):
+    from placetool.search.store import ResultStore
+
+    with ResultStore(tmp_path / "r.db") as a, ResultStore(tmp_path / "r.db") as b:
+        assert a.claim(_key(0), "A") and a.claim(_key(0), "A")      # its own claim: still its own
+        assert not b.claim(_key(0), "B")                            # A runs it
+        assert b.claim(_key(1), "B")
+        a.put({"graph": "g", "cluster": "c", "method": "random", "seed": 0, "budget": "evals=5",
+               "options": "{}", "status": "ok", "timestamp": "t1"})
+        a.release("A", _key(0))
+        # B planned its work before A's row existed: the row changed, so B leaves it
+        assert not b.claim(_key(0), "B", seen=None)
+        assert b.claim(_key(0), "B", seen=("ok", "t1"))             # B asked knowing the row
+        b.release("B")
+        assert a.claim(_key(1), "A")
+
+
+def test_a_claim_of_a_dead_driver_is_taken_over(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    from placetool.search.store import ResultStore
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()  # a pid that has ended
+    with ResultStore(tmp_path / "r.db") as s:
+        s.claim(_key(0), "X")
+        with s.db:
+            s.db.execute("UPDATE claims SET pid = ?, host = ?", (p.pid, socket.gethostname()))
+        assert s.claim(_key(0), "Y")  # same host, pid gone: at once
+        with s.db:
+            s.db.execute("UPDATE claims SET host = 'elsewhere', heartbeat = heartbeat - 100")
+        assert not s.claim(_key(0), "Z")                 # another host, fresh heartbeat: alive
+        assert s.claim(_key(0), "Z", lease_s=50)         # ... unless its lease ran out
+
+
+def test_two_sweeps_on_one_store_split_the_grid(tmp_path):
+    """Two `placetool sweep` processes on one results file run each point once."""
+    import json
+    import subprocess
+    import sys
+
+    f = tmp_path / "s.toml"
+    f.write_text('[sweep]\ngraphs = ["synthetic-200"]\nclusters = ["k80x2"]\nmethods = ["random"]\n'
+                 'seeds = [0, 1, 2, 3]\nbudget_seconds = 1.0\n')
+    cmd = [sys.executable, "-m", "placetool.cli.main", "sweep", str(f), "--results", str(tmp_path / "r.db"),
+           "-n", "1", "--json"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    ran = [json.loads(o[0])["ran"] for o in outs]
+    assert sum(ran) == 4, ran  # each point once (before claims, each sweep ran all 4)
+    from placetool.search.store import ResultStore
+
+    with ResultStore(tmp_path / "r.db", create=False) as s:
+        assert s.count("ok") == 4
+        assert s.db.execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 0  # all released

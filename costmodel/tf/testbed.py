@@ -205,9 +205,11 @@ class Testbed:
 
     spec: ClusterSpec
     pids: list[int]
-    log_dir: str
+    log_dir: str | None
     detached: bool = False
     _procs: list = field(default_factory=list, repr=False)
+    #: the log folder was made for this testbed (a temporary one): removed by :meth:`stop`
+    own_log_dir: bool = False
 
     @property
     def n_workers(self) -> int:
@@ -230,12 +232,13 @@ class Testbed:
         if device not in ("cpu", "gpu"):
             raise TestbedError(f"testbed device must be cpu or gpu, got {device!r}")
         cores = sorted(cores or os.sched_getaffinity(0))
+        own = log_dir is None
         log_dir = Path(log_dir or tempfile.mkdtemp(prefix="placetool-testbed-"))
         log_dir.mkdir(parents=True, exist_ok=True)
         ports = free_ports(n_workers)
         workers = [f"localhost:{p}" for p in ports]
         spec = ClusterSpec.for_workers(workers, device)
-        tb = cls(spec, [], str(log_dir), detached)
+        tb = cls(spec, [], str(log_dir), detached, own_log_dir=own)
         _install_handlers()
         _LIVE.add(tb)
         try:
@@ -285,14 +288,17 @@ class Testbed:
                 time.sleep(0.1)
 
     def _log_tail(self, k: int) -> str:
+        if not self.log_dir:
+            return "(no log)"
         try:
             text = (Path(self.log_dir) / f"worker{k}.log").read_text(errors="replace").strip().splitlines()
         except OSError:
             return "(no log)"
         return " | ".join(text[-3:]) or "(empty log)"
 
-    def stop(self, grace_s: float = 3.0) -> None:
-        """Stop every worker: SIGTERM its process group, SIGKILL after ``grace_s``."""
+    def stop(self, grace_s: float = 3.0, keep_logs: bool = False) -> None:
+        """Stop every worker: SIGTERM its process group, SIGKILL after ``grace_s``; then
+        remove the log folder if this testbed made it (unless ``keep_logs``)."""
         pids = list(self.pids)
         for pid in pids:
             if _is_our_worker(pid):
@@ -312,11 +318,18 @@ class Testbed:
         self.pids = []
         self._procs = []
         _LIVE.discard(self)
+        if self.own_log_dir and self.log_dir and not keep_logs:
+            import shutil
+
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+            self.own_log_dir = False
 
     def status(self) -> list[dict]:
+        """Each worker: address, pid, alive (a live process that is still our worker: a
+        recycled pid is not), listening."""
         return [
-            {"task": k, "address": a, "pid": pid, "alive": _alive(pid), "listening": port_open(a, 0.5),
-             "device": self.spec.tf_devices[k]}
+            {"task": k, "address": a, "pid": pid, "alive": _alive(pid) and _is_our_worker(pid),
+             "listening": port_open(a, 0.5), "device": self.spec.tf_devices[k]}
             for k, (a, pid) in enumerate(zip(self.spec.workers, self.pids))
         ]
 
@@ -331,7 +344,8 @@ class Testbed:
     def save_state(self, path=None) -> Path:
         path = Path(path or default_state_path())
         d = {"format": "placetool.testbed", "version": 1, "pids": self.pids, "log_dir": self.log_dir,
-             "spec": asdict(self.spec), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+             "own_log_dir": self.own_log_dir, "spec": asdict(self.spec),
+             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         atomic_write(path, json.dumps(d, indent=1) + "\n")
         return path
 
@@ -342,11 +356,25 @@ class Testbed:
             d = json.loads(path.read_text())
         except FileNotFoundError:
             raise TestbedError(f"no testbed is up (no state file {path}); start one with `placetool testbed up`") from None
-        except ValueError as e:
+        except IsADirectoryError:
+            raise TestbedError(f"{path}: is a folder, not a testbed state file") from None
+        except OSError as e:
+            raise TestbedError(f"{path}: cannot read the testbed state ({e.strerror or e})") from None
+        except (ValueError, UnicodeDecodeError) as e:
             raise TestbedError(f"{path}: malformed testbed state ({e})") from None
-        if d.get("format") != "placetool.testbed":
+        if not isinstance(d, dict) or d.get("format") != "placetool.testbed":
             raise TestbedError(f"{path}: not a placetool testbed state file")
-        return cls(ClusterSpec(**d["spec"]), list(d["pids"]), d["log_dir"], detached=True)
+        try:
+            spec = ClusterSpec(**d["spec"])
+            pids = [int(p) for p in d["pids"]]
+            if not (len(pids) == len(spec.workers) == len(spec.tf_devices) == len(spec.kinds)):
+                raise ValueError("pids, workers and devices differ in number")
+        except (KeyError, TypeError, ValueError) as e:
+            raise TestbedError(f"{path}: malformed testbed state ({type(e).__name__}: {e})") from None
+        log_dir = d.get("log_dir")
+        log_dir = log_dir if isinstance(log_dir, str) else None
+        own = d.get("own_log_dir", bool(log_dir) and Path(log_dir).name.startswith("placetool-testbed-"))
+        return cls(spec, pids, log_dir, detached=True, own_log_dir=bool(own))
 
 
 def _alive(pid: int, proc=None) -> bool:
@@ -431,6 +459,11 @@ def _worker_main(argv) -> None:
         os.sched_setaffinity(0, {a.core})
     import tensorflow as tf
 
+    if a.device == "gpu" and not tf.config.list_physical_devices("GPU"):
+        # without this the server starts anyway and the first session fails deep in TF
+        print(f"placetool testbed worker {a.task}: no GPU visible (CUDA_VISIBLE_DEVICES="
+              f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}); TensorFlow lists none", flush=True)
+        sys.exit(3)
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     config = tf.compat.v1.ConfigProto(

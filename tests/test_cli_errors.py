@@ -1,0 +1,226 @@
+"""Bad input to every command: one line on stderr naming the file, option or device,
+exit 2, no traceback — and no silent wrong answer (the probes of a bad-input run)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from placetool.cli.main import main
+from placetool.costmodel import CostModel, presets
+
+
+def call(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+def user_error(argv, capsys, *words):
+    code, out, err = call(argv, capsys)
+    assert code == 2, (code, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for w in words:
+        assert str(w) in lines[0], (w, lines[0])
+    return lines[0]
+
+
+# ----------------------------------------------------------------- rl pretrain
+@pytest.mark.parametrize("args, words", [
+    (["--budget-seconds", "nan"], ["--budget-seconds", "nan"]),
+    (["--seconds", "nan"], ["nan"]),                       # the old spelling, same check
+    (["--budget-seconds", "-1"], ["--budget-seconds"]),
+    (["--samples", "0"], ["--samples"]),
+    (["--samples", "-4"], ["--samples"]),
+    (["--budget-evals", "0"], ["--budget-evals"]),
+    (["-g", ","], ["--graph names no graph"]),
+    (["-c", " , "], ["--cluster names no cluster"]),
+])
+def test_rl_pretrain_arguments(tmp_path, capsys, args, words):
+    base = ["rl", "pretrain", "-o", tmp_path / "pol"]
+    if "-g" not in args:
+        base += ["-g", "synthetic-40"]
+    user_error(base + args, capsys, *words)
+    assert not (tmp_path / "pol").exists()
+
+
+# ----------------------------------------------------------------- tracebacks that were
+def test_cluster_path_is_a_folder(tmp_path, capsys):
+    (tmp_path / "somedir.toml").mkdir()
+    user_error(["simulate", "-c", tmp_path / "somedir.toml"], capsys, "somedir.toml", "folder")
+
+
+def test_graph_path_is_a_folder(tmp_path, capsys):
+    (tmp_path / "g.npz").mkdir()
+    user_error(["info", "-g", tmp_path / "g.npz"], capsys, "g.npz", "folder")
+
+
+def test_negative_seed(capsys):
+    user_error(["search", "-g", "synthetic-40", "-m", "random", "--seed", "-1"], capsys, "--seed")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0.5"])
+def test_calibrate_timeout(value, tmp_path, capsys):
+    user_error(["calibrate", "-g", "mlp", "--local", "--timeout", value, "-o", tmp_path / "p.json"], capsys,
+               "--timeout")
+
+
+def _store(tmp_path, graphs=("synthetic-40",)):
+    sw = tmp_path / "s.toml"
+    sw.write_text(f'[sweep]\ngraphs = {json.dumps(list(graphs))}\nclusters = ["k80x2"]\n'
+                  'methods = ["single", "random"]\nseeds = [0, 1]\nbudget_evals = 8\n')
+    code = main_code(["sweep", sw, "--results", tmp_path / "r.db", "-n", "1", "-q"])
+    assert code == 0
+    return sw, tmp_path / "r.db"
+
+
+def main_code(argv):
+    try:
+        main([str(a) for a in argv])
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def test_damaged_results_store(tmp_path, capsys):
+    sw, db = _store(tmp_path)
+    capsys.readouterr()
+    # flip bytes inside the table's pages (not the header): text columns stop decoding
+    data = bytearray(db.read_bytes())
+    page = 4096
+    for i in range(page + 100, len(data), 7):
+        data[i] ^= 0xA5
+    db.write_bytes(bytes(data))
+    user_error(["report", db, "--out", tmp_path / "rep", "--no-gantt"], capsys, db)
+    user_error(["sweep", sw, "--results", db, "--dry-run"], capsys, db)
+
+
+def test_results_file_that_is_not_sqlite(tmp_path, capsys):
+    (tmp_path / "r.db").write_bytes(b"\x00garbage" * 100)
+    user_error(["report", tmp_path / "r.db"], capsys, "r.db")
+
+
+# ----------------------------------------------------------------- silent wrong answers
+def test_report_names_do_not_collide(tmp_path, capsys):
+    for v in ("v1", "v2"):
+        (tmp_path / v).mkdir()
+        presets.load_graph(f"synthetic-{40 if v == 'v1' else 60}").save(tmp_path / v / "model.npz")
+    _store(tmp_path, graphs=("v1/model.npz", "v2/model.npz"))
+    capsys.readouterr()
+    code, out, err = call(["report", tmp_path / "r.db", "--out", tmp_path / "rep", "--json"], capsys)
+    assert code == 0, err
+    files = json.loads(out)["files"]
+    gantts = [f for f in files if "gantt_" in f]
+    assert len(gantts) == 2 and len(set(files)) == len(files)
+    assert all((tmp_path / "rep" / f.split("/")[-1]).is_file() for f in files)
+
+
+@pytest.fixture
+def placement_file(tmp_path):
+    cm = CostModel(presets.load_graph("synthetic-40"), presets.load_cluster("k80x2"))
+    doc = cm.placement_to_json(cm.single_device(1))
+
+    def write(**change):
+        d = json.loads(json.dumps(doc))
+        for k, v in change.items():
+            if k == "device":
+                d["devices"][next(iter(d["devices"]))] = v
+            else:
+                d[k] = v
+        p = tmp_path / "p.json"
+        p.write_text(json.dumps(d))
+        return p
+    return write
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"version": 2}, ["version 2"]),
+    ({"version": True}, ["version"]),
+    ({"format": "other"}, ["format 'other'"]),
+    ({"device": True}, ["device True"]),
+    ({"device": 1.0}, ["device 1.0"]),
+    ({"device": None}, ["device None"]),
+])
+def test_placement_file_checks(placement_file, capsys, change, words):
+    p = placement_file(**change)
+    user_error(["simulate", "-g", "synthetic-40", "-c", "k80x2", "-p", p], capsys, p, *words)
+
+
+def test_placement_file_by_index_and_name_still_load(placement_file, capsys):
+    p = placement_file(device=1)
+    code, out, _ = call(["simulate", "-g", "synthetic-40", "-c", "k80x2", "-p", p, "--json"], capsys)
+    assert code == 0 and json.loads(out)["step_time_us"] > 0
+
+
+CLUSTER = """name = "c"
+[[devices]]
+name = "cpu:0"
+kind = "cpu"
+memory_bytes = {mem}
+{extra}
+[[devices]]
+name = "gpu:0"
+kind = "gpu"
+memory_bytes = 12884901888
+[links.default]
+latency_us = 10.0
+bandwidth_bytes_per_us = {bw}
+"""
+
+
+@pytest.mark.parametrize("fields, words", [
+    (dict(extra="peak_flop_per_us = 1e6"), ["unknown field 'peak_flop_per_us'", "cpu:0"]),
+    (dict(bw="inf"), ["bandwidth_bytes_per_us", "finite", "inf"]),
+    (dict(bw="nan"), ["bandwidth_bytes_per_us"]),
+    (dict(mem="1.5e10"), ["memory_bytes", "whole number"]),
+    (dict(mem="0.5"), ["memory_bytes"]),
+])
+def test_cluster_file_checks(tmp_path, capsys, fields, words):
+    d = dict(mem="68719476736", extra="", bw="1.2e4") | fields
+    p = tmp_path / "c.toml"
+    p.write_text(CLUSTER.format(**d))
+    user_error(["simulate", "-g", "synthetic-40", "-c", p], capsys, p, *words)
+
+
+def test_cluster_file_good_one_loads(tmp_path, capsys):
+    p = tmp_path / "c.toml"
+    p.write_text(CLUSTER.format(mem="68719476736", extra="launch_overhead_us = 1.0", bw="1.2e4"))
+    code, out, _ = call(["simulate", "-g", "synthetic-40", "-c", p, "--json"], capsys)
+    assert code == 0
+
+
+def test_calibrate_device_sources_conflict(tmp_path, capsys):
+    user_error(["calibrate", "-g", "mlp", "--local", "--testbed", "2", "-o", tmp_path / "p.json"], capsys,
+               "--testbed", "--local")
+
+
+@pytest.mark.slow
+def test_zoo_arg_the_builder_refuses(tmp_path, capsys):
+    pytest.importorskip("tensorflow")
+    user_error(["calibrate", "-g", "mlp", "--zoo-arg", "hidden=abc", "--local", "-q", "-o", tmp_path / "p.json"],
+               capsys, "mlp", "--zoo-arg hidden=abc")
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.slow
+def test_import_of_an_empty_graph_is_refused(tmp_path, capsys):
+    pytest.importorskip("tensorflow")
+    empty = tmp_path / "empty.pb"
+    empty.write_bytes(b"")  # a valid, empty GraphDef
+    user_error(["import", empty, "-o", tmp_path / "g.npz"], capsys, "empty.pb", "no ops")
+    assert not (tmp_path / "g.npz").exists()
+
+
+@pytest.mark.slow
+def test_rl_pretrain_budget_evals(tmp_path, capsys):
+    """--budget-evals stops within one training step of that many simulated placements."""
+    pytest.importorskip("tensorflow")
+    code, out, err = call(["rl", "pretrain", "-g", "synthetic-120", "-c", "k80x2", "-o", tmp_path / "pol",
+                           "--budget-evals", "40", "--samples", "8", "--json"], capsys)
+    assert code == 0, err
+    info = json.loads(out)
+    assert 40 <= info["samples"] < 40 + 9 and (tmp_path / "pol" / "weights.npz").is_file()

@@ -1,0 +1,130 @@
+"""No orphans: a sweep (process pool on forkserver) or a search stopped by SIGTERM or
+SIGKILL leaves none of its child processes running, as ``ps`` would show."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SWEEP = """[sweep]
+graphs = ["synthetic-300"]
+clusters = ["k80x2"]
+methods = ["sa"]
+seeds = [0, 1, 2, 3]
+budget_seconds = 60
+"""
+
+
+def session_pids(sid: int) -> list[int]:
+    """Every live (non-zombie) process of session ``sid``, wherever it was reparented."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[3]) == sid:  # state, ppid, pgrp, session
+            out.append(int(d.name))
+    return out
+
+
+@pytest.fixture
+def start(tmp_path):
+    """Start placetool in a new session: every descendant carries its id, even after the
+    parent is gone. Whatever is left at the end is killed (after the test has looked)."""
+    started = []
+
+    def run(args):
+        p = subprocess.Popen([sys.executable, "-m", "placetool.cli.main", *args], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        started.append(p.pid)
+        return p
+
+    yield run
+    for sid in started:
+        for pid in session_pids(sid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def wait_for(cond, timeout):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
+def test_sweep_pool_leaves_no_orphans(tmp_path, start, sig):
+    (tmp_path / "s.toml").write_text(SWEEP)
+    p = start(["sweep", "s.toml", "--results", "r.db", "--workers", "2"])
+    # parent + forkserver + 2 workers (+ the resource tracker) once the pool runs
+    assert wait_for(lambda: len(session_pids(p.pid)) >= 4, 90), (session_pids(p.pid), p.poll())
+    time.sleep(1.0)
+    p.send_signal(sig)
+    code = p.wait(timeout=30)
+    assert code == (143 if sig == signal.SIGTERM else -9), p.stderr.read()
+    assert wait_for(lambda: not session_pids(p.pid), 5), \
+        [Path(f"/proc/{q}/cmdline").read_bytes().replace(b"\0", b" ")[:120] for q in session_pids(p.pid)]
+    if sig == signal.SIGTERM:
+        err = p.stderr.read()
+        assert err.strip().splitlines()[-1] == "placetool: terminated", err
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["INT", "TERM"])
+def test_interrupted_search_keeps_the_best_so_far(tmp_path, sig, code):
+    """Ctrl-C or SIGTERM during `search`: the best placement found so far is written and
+    printed, the exit status says why, and no process of the run is left."""
+    import json
+    import pty
+    import threading
+
+    # stderr on a terminal, so the progress bar shows: it says when a placement was scored
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "placetool.cli.main", "search", "-g", "synthetic-300", "-c", "k80x2",
+                          "-m", "sa", "--budget-seconds", "300", "-o", "best.json"], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=slave, text=True, start_new_session=True)
+    os.close(slave)
+    seen = bytearray()
+
+    def read():
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the other end closed
+                return
+            if not chunk:
+                return
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert wait_for(lambda: b"best " in seen, 120), (bytes(seen), p.poll())
+        p.send_signal(sig)
+        out, _ = p.communicate(timeout=60)
+        reader.join(5)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        os.close(master)
+    err = bytes(seen).decode(errors="replace")
+    assert p.returncode == code, err
+    last = err.strip().splitlines()[-1]
+    assert last == f"placetool: {'interrupted' if code == 130 else 'terminated'} after " + last.split(" after ")[1]
+    assert "best.json" in last
+    assert "step time" in out and "placement written to best.json" in out  # the result, printed
+    doc = json.loads((tmp_path / "best.json").read_text())
+    assert len(doc["devices"]) == 300 and doc["step_time_us"] > 0
+    assert wait_for(lambda: not session_pids(p.pid), 5)
