@@ -20,7 +20,7 @@ def parse_placement(spec: str, cm) -> np.ndarray:
     to the first device that can run them); ``round-robin`` and ``random`` deal whole
     groups to devices that can run them.
     """
-    g, cl = cm.graph, cm.cluster
+    g = cm.graph
     if spec.startswith("single:"):
         return cm.single_device(spec.split(":", 1)[1])
     if spec == "round-robin":
