@@ -26,6 +26,15 @@ def cluster_option(default=DEFAULT_CLUSTER):
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 
 
+def format_options(f):
+    """``--format png|pdf|svg`` and ``--dpi`` for every command that writes a figure."""
+    f = click.option("--dpi", type=click.IntRange(min=50, max=1200), default=200, show_default=True,
+                     help="Resolution of PNG figures.")(f)
+    f = click.option("--format", "fmt", type=click.Choice(["png", "pdf", "svg"]), default=None,
+                     help="Figure format (default: from the file suffix; png for folders).")(f)
+    return f
+
+
 def load_problem(graph: str, cluster: str, profile: str | None = None):
     """(graph, cluster, CostModel) from names or paths; UserError on bad input."""
     from placetool.costmodel import CostModel, presets

@@ -9,7 +9,9 @@ import numpy as np
 
 from placetool.costmodel.errors import UserError
 
-from .common import (check_writable, cluster_option, emit_json, fmt_us, graph_option,
+from placetool.costmodel.trace import figure_format
+
+from .common import (check_writable, cluster_option, emit_json, fmt_us, format_options, graph_option,
                      json_option, load_problem, write_json)
 
 
@@ -54,11 +56,15 @@ def _assign_groups(cm, choose) -> np.ndarray:
 @click.option("--profile", default=None, help="A measured profile (placetool calibrate) for op times.")
 @json_option
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Chrome trace (Perfetto).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a per-device Gantt PNG.")
-def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path):
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="Write a Gantt chart of devices and links (PNG, PDF or SVG by suffix or --format).")
+@format_options
+def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path, fmt, dpi):
     """Simulate one placement of GRAPH on CLUSTER and print its step time."""
     check_writable(trace_path)
     check_writable(plot_path)
+    if plot_path:
+        figure_format(plot_path, fmt)  # a wrong suffix or format fails before any work
     g, cl, cm = load_problem(graph, cluster, profile)
     p = parse_placement(placement, cm)
     want_trace = bool(trace_path or plot_path)
@@ -68,7 +74,7 @@ def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path)
     if trace_path:
         write_json(trace_path, r.trace.to_chrome(g, cl))
     if plot_path:
-        r.trace.plot(g, cl, plot_path)
+        r.trace.plot(g, cl, plot_path, lower_bound_us=cm.lower_bound_us(), fmt=fmt, dpi=dpi)
     out = {"graph": g.name, "cluster": cl.name, "placement": placement, **r.to_dict(),
            "lower_bound_us": cm.lower_bound_us()}
     if as_json:
