@@ -12,12 +12,16 @@ A placement file is JSON::
 ``devices`` is what placetool reads back; ``tf_devices`` is for people and for other tools
 that set ``NodeDef.device`` themselves (``placetool export`` writes a GraphDef with them).
 
-TF device strings (:func:`tf_device_names`): without a cluster spec, a cluster device is
-named by its kind and its rank among the cluster's devices of that kind, as TensorFlow
-names the devices of one process: the first cpu is ``/device:CPU:0``, the k-th gpu
-``/device:GPU:k``. With a cluster spec (a testbed or a ``--cluster-spec`` file; anything
-with a ``tf_devices`` list, one string per cluster device in cluster order) the spec's
-full names are used, e.g. ``/job:worker/replica:0/task:1/device:CPU:0``.
+TF device strings (:func:`tf_device_names`), first that applies:
+
+1. a cluster spec (a testbed or a ``--cluster-spec`` file; anything with a ``tf_devices``
+   list, one string per cluster device in cluster order): its full names, e.g.
+   ``/job:worker/replica:0/task:1/device:CPU:0``;
+2. the cluster's own ``metadata.tf_devices`` (``placetool calibrate`` records the devices
+   it measured);
+3. otherwise the devices of one TF process: a cluster device is named by its kind and its
+   rank among the cluster's devices of that kind, so the first cpu is ``/device:CPU:0``
+   and the k-th gpu ``/device:GPU:k``.
 """
 
 from __future__ import annotations
@@ -44,9 +48,12 @@ class PlacementError(UserError):
 def tf_device_names(cluster, spec=None) -> list[str]:
     """One TF device string per cluster device, in cluster order (see the module docstring).
 
-    ``spec``: None (this process's devices), an object with a ``tf_devices`` list, or a
-    list of strings; it must name as many devices as the cluster has.
+    ``spec``: None, an object with a ``tf_devices`` list, or a list of strings; it must
+    name as many devices as the cluster has.
     """
+    meta = (cluster.metadata or {}).get("tf_devices")
+    if spec is None and isinstance(meta, list) and len(meta) == cluster.n_devices:
+        spec = meta
     if spec is not None:
         names = list(getattr(spec, "tf_devices", spec))
         if len(names) != cluster.n_devices:
