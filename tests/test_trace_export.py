@@ -167,3 +167,22 @@ def test_figure_format_rules():
         figure_format("a.png", "pdf")
     with pytest.raises(UserError, match="cannot tell the figure format"):
         figure_format("a.jpg")
+
+
+def test_simulate_cli_writes_each_format_and_refuses_a_mismatch(tmp_path):
+    import subprocess
+    import sys
+
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "placetool.cli.main", "simulate", "-g", "synthetic-1k", *a],
+                              capture_output=True, text=True, timeout=120)
+
+    r = run("--plot", str(tmp_path / "g.svg"), "--trace", str(tmp_path / "t.json"))
+    assert r.returncode == 0, r.stderr
+    ET.parse(tmp_path / "g.svg")
+    check_chrome_schema(json.loads((tmp_path / "t.json").read_text()))
+    r = run("--plot", str(tmp_path / "g.png"), "--format", "pdf")
+    assert r.returncode == 2 and "the suffix says png but --format is pdf" in r.stderr
+    assert not (tmp_path / "g.png").exists()
+    r = run("--plot", str(tmp_path / "g"), "--format", "pdf", "--dpi", "100")
+    assert r.returncode == 0 and (tmp_path / "g").read_bytes()[:5] == b"%PDF-"
