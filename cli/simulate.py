@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import click
 import numpy as np
 
-from placetool.costmodel.errors import UserError
+from placetool.costmodel.errors import UserError, atomic_write
 
 from placetool.costmodel.trace import figure_format
 
 from .common import (check_writable, cluster_option, emit_json, fmt_us, format_options, graph_option,
-                     json_option, load_problem, write_json)
+                     json_option, load_problem)
 
 
 def parse_placement(spec: str, cm) -> np.ndarray:
@@ -72,7 +73,8 @@ def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path,
     if want_trace and r.trace is None:
         raise UserError(f"no trace: placement is invalid ({r.reason})")
     if trace_path:
-        write_json(trace_path, r.trace.to_chrome(g, cl))
+        # compact: a 50k-op trace is tens of MB, and nobody reads it without a viewer
+        atomic_write(trace_path, json.dumps(r.trace.to_chrome(g, cl), separators=(",", ":")))
     if plot_path:
         r.trace.plot(g, cl, plot_path, lower_bound_us=cm.lower_bound_us(), fmt=fmt, dpi=dpi)
     out = {"graph": g.name, "cluster": cl.name, "placement": placement, **r.to_dict(),

@@ -121,8 +121,13 @@ def memory_timeline(trace, graph, n_devices: int):
 
 
 # ------------------------------------------------------------------ Chrome trace
+def _r(x) -> float:
+    return round(float(x), 3)  # ns resolution: the trace is µs; more digits only make the file big
+
+
 def chrome_trace(trace, graph, cluster) -> dict:
-    """Chrome trace-event JSON of one simulated step (see the module docstring)."""
+    """Chrome trace-event JSON of one simulated step (see the module docstring); times in µs,
+    rounded to the nanosecond."""
     D = cluster.n_devices
     links = _used_links(trace)
     link_pid = {l: D + 1 + i for i, l in enumerate(links)}
@@ -143,14 +148,14 @@ def chrome_trace(trace, graph, cluster) -> dict:
         op = int(op)
         ev.append({
             "name": graph.names[op], "cat": graph.op_types[op], "ph": "X", "pid": int(p[op]) + 1, "tid": 1,
-            "ts": float(trace.op_start[op]), "dur": float(trace.op_end[op] - trace.op_start[op]),
+            "ts": _r(trace.op_start[op]), "dur": _r(trace.op_end[op] - trace.op_start[op]),
             "args": {"op_type": graph.op_types[op], "flops": float(graph.flops[op]),
                      "bytes": int(graph.out_bytes[op]), "param_bytes": int(graph.param_bytes[op]),
                      "group": int(graph.group[op]), "layer": int(graph.layer[op]), "op": op},
         })
     for dev, t0, t1, kind, name in _device_tasks(trace):
         ev.append({"name": str(name), "cat": str(kind), "ph": "X", "pid": int(dev) + 1, "tid": 1,
-                   "ts": float(t0), "dur": float(t1 - t0), "args": {"kind": str(kind)}})
+                   "ts": _r(t0), "dur": _r(t1 - t0), "args": {"kind": str(kind)}})
     # consumers of each tensor on each device, for the flow arrows
     et = graph.edge_tensor
     data = et >= 0
@@ -162,10 +167,10 @@ def chrome_trace(trace, graph, cluster) -> dict:
         t = int(trace.x_tensor[x])
         s, d = int(trace.x_src[x]), int(trace.x_dst[x])
         pid = link_pid[s, d]
-        x0, x1 = float(trace.x_start[x]), float(trace.x_end[x])
+        x0, x1 = _r(trace.x_start[x]), _r(trace.x_end[x])
         consumers = sorted(set(cons.get((t, d), [])))
         name = f"{graph.names[graph.tensor_op[t]]}:{int(graph.tensor_output_index[t])}"
-        ev.append({"name": name, "cat": "transfer", "ph": "X", "pid": pid, "tid": 1, "ts": x0, "dur": x1 - x0,
+        ev.append({"name": name, "cat": "transfer", "ph": "X", "pid": pid, "tid": 1, "ts": x0, "dur": _r(x1 - x0),
                    "args": {"bytes": int(graph.tensor_bytes[t]), "tensor": name,
                             "src": cluster.names[s], "dst": cluster.names[d],
                             "consumers": [graph.names[c] for c in consumers[:20]]}})
@@ -174,10 +179,10 @@ def chrome_trace(trace, graph, cluster) -> dict:
             ev.append({"name": "tensor", "cat": "transfer", "ph": "s", "id": flow, "pid": pid, "tid": 1,
                        "ts": x0})
             ev.append({"name": "tensor", "cat": "transfer", "ph": "f", "bp": "e", "id": flow,
-                       "pid": int(p[c]) + 1, "tid": 1, "ts": float(trace.op_start[c])})
+                       "pid": int(p[c]) + 1, "tid": 1, "ts": _r(trace.op_start[c])})
     for d, (ts, level) in enumerate(memory_timeline(trace, graph, D)):
         for t, v in zip(ts.tolist(), level.tolist()):
-            ev.append({"name": "memory", "ph": "C", "pid": d + 1, "ts": t, "args": {"bytes": int(v)}})
+            ev.append({"name": "memory", "ph": "C", "pid": d + 1, "ts": _r(t), "args": {"bytes": int(v)}})
     return {"traceEvents": ev, "displayTimeUnit": "ms",
             "metadata": {"graph": graph.name, "cluster": cluster.name, "time_unit": "us"}}
 
