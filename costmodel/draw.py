@@ -175,19 +175,26 @@ def _box_text(c: Collapsed, i: int) -> str:
     return f"{c.labels[i]}\n{extra}" if c.by != "op" else c.labels[i]
 
 
-def _rows(c: Collapsed) -> list[str]:
-    """One row per unit (layer, scope, group) in model order, its boxes side by side in device
-    order: the drawing reads top to bottom like the model, whatever arrows are drawn."""
+def _unit_rows(c: Collapsed) -> list[np.ndarray]:
+    """The boxes of each unit (layer, scope, group) in model order, each in device order."""
     unit_of_box = np.zeros(c.n_boxes, np.int64)
     unit_of_box[c.box_of_op] = c.unit_of_op
     units = np.unique(unit_of_box)
     if c.by != "layer":  # scopes and groups: order by where their ops sit in the graph
         mean = np.array([c.rank[unit_of_box == u].mean() for u in units])
         units = units[np.argsort(mean, kind="stable")]
-    out, firsts = [], []
+    out = []
     for u in units.tolist():
         boxes = np.flatnonzero(unit_of_box == u)
-        boxes = boxes[np.argsort(c.device[boxes], kind="stable")]
+        out.append(boxes[np.argsort(c.device[boxes], kind="stable")])
+    return out
+
+
+def _rows(c: Collapsed) -> list[str]:
+    """One row per unit in model order, its boxes side by side in device order: the drawing
+    reads top to bottom like the model, whatever arrows are drawn."""
+    out, firsts = [], []
+    for boxes in _unit_rows(c):
         names = [f"n{b}" for b in boxes.tolist()]
         out.append("  { rank=same; " + "; ".join(names) + "; }")
         if len(names) > 1:
@@ -294,15 +301,17 @@ def draw_matplotlib(c: Collapsed, cluster, path, fmt: str, dpi: int = 150, title
     col = device_colours(cluster.n_devices)
     used = sorted(set(c.device.tolist()))
     lane = {d: i for i, d in enumerate(used)}
-    order = np.argsort(c.rank, kind="stable")
     row = np.empty(c.n_boxes)
-    row[order] = np.arange(c.n_boxes)
-    # boxes on one lane never overlap: each box gets its own row in global topological order
-    W, H = 2.6, 0.62
+    if c.by == "op":  # each box its own row, in topological order
+        row[np.argsort(c.rank, kind="stable")] = np.arange(c.n_boxes)
+    else:  # a row per unit in model order, as in the Graphviz drawing: a unit has one box per lane
+        for r, boxes in enumerate(_unit_rows(c)):
+            row[boxes] = r
+    W, H = 2.1, 0.6
     xs = np.array([lane[d] * 3.4 for d in c.device.tolist()])
-    ys = -row * 0.85
+    ys = -row * 1.15
     fig_w = max(5.0, 2.6 * len(used) + 0.8)
-    fig_h = max(2.5, 0.85 * c.n_boxes * 0.42 + 1.4)
+    fig_h = max(2.5, (row.max() + 1 if c.n_boxes else 1) * 0.62 + 1.4)
     fig, ax = plt.subplots(figsize=(fig_w, fig_h))
     peak = max((b for _, _, b, x in c.edges if x), default=0)
     xfers = sorted((e for e in c.edges if e[3]), key=lambda e: -e[2])
@@ -319,7 +328,7 @@ def draw_matplotlib(c: Collapsed, cluster, path, fmt: str, dpi: int = 150, title
             a0, a1, rad = (xs[s] + side * W / 2, ys[s]), (xs[d] - side * W / 2, ys[d]), 0.06
         a = FancyArrowPatch(a0, a1, arrowstyle="-|>", mutation_scale=12 if x else 7,
                             lw=_edge_width(b, peak) if x else 0.5, color="#333333" if x else "#b0b0b0",
-                            connectionstyle=f"arc3,rad={rad}", zorder=3 if x else 1, alpha=0.75 if x else 0.9,
+                            connectionstyle=f"arc3,rad={rad}", zorder=1.5 if x else 1, alpha=0.7 if x else 0.9,
                             shrinkA=1, shrinkB=1)
         a.set_gid(f"edge-{s}-{d}")
         ax.add_patch(a)
@@ -336,10 +345,10 @@ def draw_matplotlib(c: Collapsed, cluster, path, fmt: str, dpi: int = 150, title
         ax.text(xs[i], ys[i], _box_text(c, i), ha="center", va="center", fontsize=7, color=_text_colour(fill),
                 zorder=5)
     for d in used:
-        ax.text(lane[d] * 3.4, 0.85, cluster.names[d], ha="center", va="bottom", fontsize=10, weight="bold",
+        ax.text(lane[d] * 3.4, 0.6, cluster.names[d], ha="center", va="bottom", fontsize=10, weight="bold",
                 color=col[d])
     ax.set_xlim(-1.6, 3.4 * (len(used) - 1) + 1.6)
-    ax.set_ylim(ys.min() - 0.7 if c.n_boxes else -1, 1.4)
+    ax.set_ylim(ys.min() - 0.7 if c.n_boxes else -1, 1.1)
     ax.axis("off")
     if title:
         ax.set_title(title + hidden_note(c), fontsize=10)
