@@ -112,6 +112,15 @@ class PositiveFloat(click.ParamType):
         return x
 
 
+def format_options(f):
+    """``--format png|pdf|svg`` and ``--dpi`` for every command that writes a figure."""
+    f = click.option("--dpi", type=click.IntRange(min=50, max=1200), default=200, show_default=True,
+                     help="Resolution of PNG figures.")(f)
+    f = click.option("--format", "fmt", type=click.Choice(["png", "pdf", "svg"]), default=None,
+                     help="Figure format (default: from the file suffix; png for folders).")(f)
+    return f
+
+
 def load_problem(graph: str, cluster: str, profile: str | None = None):
     """(graph, cluster, CostModel) from names or paths; UserError on bad input."""
     from placetool.costmodel import CostModel, presets
@@ -215,21 +224,6 @@ def atomic_output(path):
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def check_plot_format(path, option: str = "--plot") -> None:
-    """The file extension of a figure must be a format matplotlib writes (before any work)."""
-    if path is None:
-        return
-    from pathlib import Path
-
-    ext = Path(path).suffix.lower().lstrip(".")
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    formats = FigureCanvasBase.get_supported_filetypes()
-    if ext not in formats:
-        raise UserError(f"{option} {path}: unknown figure format {('.' + ext) if ext else '(no extension)'}; "
-                        f"use one of {', '.join('.' + f for f in sorted(formats))}")
 
 
 def fmt_us(us: float) -> str:

@@ -30,6 +30,8 @@ COMMANDS = {
     "sweep": "placetool.cli.sweep:sweep",
     "report": "placetool.cli.sweep:report",
     "rl": "placetool.cli.rl:rl",
+    "export": "placetool.cli.export:export",
+    "show": "placetool.cli.show:show",
 }
 
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import click
 import numpy as np
 
-from placetool.costmodel.errors import UserError
+from placetool.costmodel.errors import UserError, atomic_write
 
-from .common import (atomic_output, check_plot_format, check_writable, cluster_option, emit_json, fmt_us, graph_option, json_option,
-                     load_problem, placement_option, profile_option, write_json)
+from placetool.costmodel.trace import figure_format
+
+from .common import (check_writable, cluster_option, emit_json, fmt_us, format_options, graph_option, json_option,
+                     load_problem, placement_option, profile_option)
 
 
 def parse_placement(spec: str, cm) -> np.ndarray:
@@ -51,12 +54,15 @@ def _assign_groups(cm, choose) -> np.ndarray:
 @profile_option()
 @json_option
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Chrome trace (Perfetto).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a per-device Gantt chart (.png, .pdf, .svg, ...).")
-def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path):
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="Write a Gantt chart of devices and links (PNG, PDF or SVG by suffix or --format).")
+@format_options
+def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path, fmt, dpi):
     """Simulate one placement of GRAPH on CLUSTER and print its step time."""
     check_writable(trace_path, "--trace")
     check_writable(plot_path, "--plot")
-    check_plot_format(plot_path)
+    if plot_path:
+        figure_format(plot_path, fmt)  # a wrong suffix or format fails before any work
     g, cl, cm = load_problem(graph, cluster, profile)
     p = parse_placement(placement, cm)
     want_trace = bool(trace_path or plot_path)
@@ -64,10 +70,10 @@ def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path)
     if want_trace and r.trace is None:
         raise UserError(f"no trace: placement is invalid ({r.reason})")
     if trace_path:
-        write_json(trace_path, r.trace.to_chrome(g, cl))
+        # compact: a 50k-op trace is tens of MB, and nobody reads it without a viewer
+        atomic_write(trace_path, json.dumps(r.trace.to_chrome(g, cl), separators=(",", ":")))
     if plot_path:
-        with atomic_output(plot_path) as tmp:
-            r.trace.plot(g, cl, tmp)
+        r.trace.plot(g, cl, plot_path, lower_bound_us=cm.lower_bound_us(), fmt=fmt, dpi=dpi)
     out = {"graph": g.name, "cluster": cl.name, "placement": placement, **r.to_dict(),
            "lower_bound_us": cm.lower_bound_us()}
     if as_json:

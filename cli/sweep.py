@@ -8,7 +8,8 @@ import click
 
 from placetool.costmodel.errors import UserError
 
-from .common import check_writable, emit_json, json_option, out_option, progress, quiet_option, workers_option
+from .common import (check_writable, emit_json, format_options, json_option, out_option, progress, quiet_option,
+                     workers_option)
 
 
 @click.command()
@@ -140,8 +141,9 @@ class _NoStore:
 @out_option("Folder for report.md and the plots.", folder=True, default="report", name="out_dir")
 @click.option("--html", is_flag=True, help="Also write report.html, one self-contained page.")
 @click.option("--no-gantt", is_flag=True, help="Skip the Gantt timelines (they re-simulate the best placements).")
+@format_options
 @json_option
-def report(results, out_dir, html, no_gantt, as_json):
+def report(results, out_dir, html, no_gantt, fmt, dpi, as_json):
     """Tables and plots from a sweep's RESULTS store: method x graph step times
     (mean ± std over seeds, relative to the lower bound and to the expert), method
     comparison, convergence curves and the Gantt timeline of each graph's best placement."""
@@ -150,7 +152,7 @@ def report(results, out_dir, html, no_gantt, as_json):
     if not Path(results).is_file():
         raise UserError(f"{results}: no such results file")
     check_writable(out_dir, "--out", folder=True)
-    r = build_report(results, out_dir, html=html, gantt=not no_gantt)
+    r = build_report(results, out_dir, html=html, gantt=not no_gantt, fmt=fmt or "png", dpi=dpi)
     if as_json:
         emit_json({k: v for k, v in r.items() if k != "summary"})
         return 0

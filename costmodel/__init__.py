@@ -4,9 +4,10 @@ from . import presets, synthetic
 from .errors import UserError, atomic_write
 from .cluster import Cluster, ClusterError, Device
 from .graph import GraphError, OpGraph
-from .simulate import BatchResult, CostModel, PlacementError, SimResult, Trace
+from .placement import Placement, PlacementError
+from .simulate import BatchResult, CostModel, SimResult, Trace
 
 __all__ = [
     "BatchResult", "Cluster", "ClusterError", "CostModel", "Device", "GraphError", "OpGraph",
-    "PlacementError", "SimResult", "Trace", "UserError", "atomic_write", "presets", "synthetic",
+    "Placement", "PlacementError", "SimResult", "Trace", "UserError", "atomic_write", "presets", "synthetic",
 ]

@@ -17,12 +17,8 @@ import numba
 import numpy as np
 
 from . import kernels
-from .errors import UserError, read_json
+from .placement import Placement, PlacementError
 from .profile import op_time_matrix
-
-
-class PlacementError(UserError):
-    """A placement does not fit the graph or cluster; the message names the op or device."""
 
 
 @dataclass
@@ -57,81 +53,16 @@ class Trace:
         return out
 
     def to_chrome(self, graph, cluster) -> dict:
-        """Chrome trace-event JSON (opens in Perfetto or chrome://tracing); one row per
-        device, one per used link."""
-        ev = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"{graph.name} on {cluster.name}"}}]
-        for d, name in enumerate(cluster.names):
-            ev.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": d, "args": {"name": name}})
-        for op in np.argsort(self.op_start, kind="stable"):
-            ev.append({
-                "name": graph.names[op], "cat": graph.op_types[op], "ph": "X", "pid": 0,
-                "tid": int(self.placement[op]), "ts": float(self.op_start[op]),
-                "dur": float(self.op_end[op] - self.op_start[op]),
-                "args": {"op_type": graph.op_types[op]},
-            })
-        for kind, x, dev, t0, t1 in self.tasks():
-            t = int(self.x_tensor[x])
-            ev.append({
-                "name": f"{kind} {graph.names[graph.tensor_op[t]]}:{int(graph.tensor_output_index[t])}",
-                "cat": kind, "ph": "X", "pid": 0, "tid": dev, "ts": t0, "dur": t1 - t0,
-                "args": {"bytes": int(graph.tensor_bytes[t]), "src": cluster.names[self.x_src[x]],
-                         "dst": cluster.names[self.x_dst[x]]},
-            })
-        D = cluster.n_devices
-        links = sorted({(int(s), int(d)) for s, d in zip(self.x_src, self.x_dst)})
-        for s, d in links:
-            ev.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": D + s * D + d,
-                       "args": {"name": f"{cluster.names[s]} -> {cluster.names[d]}"}})
-        for x in range(self.n_transfers):
-            t = int(self.x_tensor[x])
-            s, d = int(self.x_src[x]), int(self.x_dst[x])
-            ev.append({
-                "name": f"{graph.names[graph.tensor_op[t]]}:{int(graph.tensor_output_index[t])}",
-                "cat": "transfer", "ph": "X", "pid": 0, "tid": D + s * D + d,
-                "ts": float(self.x_start[x]), "dur": float(self.x_end[x] - self.x_start[x]),
-                "args": {"bytes": int(graph.tensor_bytes[t])},
-            })
-        return {"traceEvents": ev, "displayTimeUnit": "ms"}
+        """Chrome trace-event JSON (Perfetto, chrome://tracing); see :mod:`placetool.costmodel.trace`."""
+        from .trace import chrome_trace
 
-    def plot(self, graph, cluster, path, title=None) -> None:
-        """A per-device Gantt chart (PNG) with transfers on their links."""
-        import matplotlib
+        return chrome_trace(self, graph, cluster)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    def plot(self, graph, cluster, path, title=None, lower_bound_us=None, fmt=None, dpi=200) -> None:
+        """A Gantt chart (PNG, PDF or SVG); see :func:`placetool.costmodel.trace.gantt`."""
+        from .trace import gantt
 
-        D = cluster.n_devices
-        links = sorted({(int(s), int(d)) for s, d in zip(self.x_src, self.x_dst)})
-        rows = list(cluster.names) + [f"{cluster.names[s]}→{cluster.names[d]}" for s, d in links]
-        fig, ax = plt.subplots(figsize=(12, 0.5 * len(rows) + 1.5))
-        cmap = plt.get_cmap("tab20")
-        types = sorted(set(graph.op_types))
-        colour = {t: cmap(i % 20) for i, t in enumerate(types)}
-        for d in range(D):
-            ops = np.flatnonzero(self.placement == d)
-            if len(ops):
-                ax.broken_barh(
-                    list(zip(self.op_start[ops], self.op_end[ops] - self.op_start[ops])), (d - 0.4, 0.8),
-                    facecolors=[colour[graph.op_types[o]] for o in ops], linewidth=0,
-                )
-        tasks = self.tasks()
-        for d in range(D):  # send / receive tasks: hatched on their device's row
-            mine = [(t0, t1 - t0) for _, _, dev, t0, t1 in tasks if dev == d]
-            if mine:
-                ax.broken_barh(mine, (d - 0.4, 0.8), facecolors="0.75", edgecolor="0.3", hatch="//", linewidth=0.3)
-        for r, (s, d) in enumerate(links, start=D):
-            xs = np.flatnonzero((self.x_src == s) & (self.x_dst == d))
-            ax.broken_barh(list(zip(self.x_start[xs], self.x_end[xs] - self.x_start[xs])), (r - 0.3, 0.6),
-                           facecolors="0.45", linewidth=0)
-        ax.set_yticks(range(len(rows)), rows)
-        ax.invert_yaxis()
-        ax.set_xlabel("time (µs)")
-        makespan = float(self.op_end.max()) if len(self.op_end) else 0.0
-        ax.set_title(title or f"{graph.name} on {cluster.name}: step {makespan:,.0f} µs")
-        ax.grid(axis="x", alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        gantt(self, graph, cluster, path, title=title, lower_bound_us=lower_bound_us, fmt=fmt, dpi=dpi)
 
 
 @dataclass
@@ -342,37 +273,11 @@ class CostModel:
         return float(max(cp, fastest.sum() / self.n_devices))
 
     # ----------------------------------------------------------- files
-    def placement_to_json(self, p, step_time_us=None, extra=None) -> dict:
-        """The placement file: {graph, cluster, devices per op name, simulated step time}."""
-        p = self.placement_array(p)
-        names = self.cluster.names
-        d = {
-            "format": "placetool.placement",
-            "version": 1,
-            "graph": self.graph.name,
-            "cluster": self.cluster.name,
-            "devices": {op: names[i] for op, i in zip(self.graph.names, p)},
-            "step_time_us": None if step_time_us is None else float(step_time_us),
-        }
-        if extra:
-            d.update(extra)
-        return d
+    def placement_to_json(self, p, step_time_us=None, extra=None, spec=None) -> dict:
+        """The placement file as a dict (see :class:`~placetool.costmodel.placement.Placement`)."""
+        return Placement.from_array(self.graph, self.cluster, self.placement_array(p), step_time_us,
+                                    spec=spec, extra=extra).to_dict()
 
     def load_placement(self, path) -> np.ndarray:
         """Read a placement JSON file and check it matches this graph and cluster."""
-        path = Path(path)
-        d = read_json(path, "placement", PlacementError)
-        if not isinstance(d, dict) or not isinstance(d.get("devices"), dict):
-            raise PlacementError(f"{path}: expected an object with a 'devices' table of op -> device")
-        # hand-written files may leave format and version out; a wrong one is refused
-        if d.get("format", "placetool.placement") != "placetool.placement":
-            raise PlacementError(f"{path}: format {d['format']!r} is not 'placetool.placement'")
-        if d.get("version", 1) != 1 or isinstance(d.get("version"), bool):
-            raise PlacementError(f"{path}: placement version {d['version']!r} is not 1 (the one this placetool reads)")
-        for op, dev in d["devices"].items():
-            if isinstance(dev, bool) or not isinstance(dev, (str, int)):
-                raise PlacementError(f"{path}: op {op!r}: device {dev!r} is neither a device name nor an index")
-        try:
-            return self.placement_array(d["devices"])
-        except (PlacementError, ValueError) as e:
-            raise PlacementError(f"{path}: {e}") from None
+        return Placement.load(path).to_array(self.graph, self.cluster, source=str(Path(path)))

@@ -302,9 +302,12 @@ def test_summary_numbers_are_means_and_sample_stds_over_seeds(tmp_path):
     assert cell["expert_ratio"] == pytest.approx((1.0, np.std([0.8, 1.2], ddof=1)))
     assert s["methods"] == ["expert", "random"]
     md = markdown(s, "t", [], [])
-    assert "| random | 100.0 ± 28.3 µs (n=2); 1 failed, 1 infeasible |" in md
-    assert "| random | 2.000 ± 0.566 (n=2); 1 failed, 1 infeasible |" in md
-    assert "| random | 1.000 ± 0.283 (n=2); 1 failed, 1 infeasible |" in md
+    # n is said once in the note (most cells have 2 good runs); expert did not vary: no "± 0"
+    # the two tie on the mean: both are best (bold)
+    assert "| random | **100.0 ± 28.3 µs; 1 failed, 1 infeasible** |" in md
+    assert "| random | **2.000 ± 0.566; 1 failed, 1 infeasible** |" in md
+    assert "| random | **1.000 ± 0.283; 1 failed, 1 infeasible** |" in md
+    assert "| expert | **100.0 µs** |" in md and "mean ± std over 2 seeds" in md
     assert "| g | c | random | 3 | X: boom |" in md
     assert [t[0] for t in tables(s)] == ["Step time", "Step time / lower bound", "Step time / expert", "Failed runs"]
 
@@ -317,19 +320,19 @@ def test_report_writes_tables_plots_and_one_self_contained_page(dask_sweep, tmp_
     r = placetool("report", str(d / "r.db"), "--out", str(out), "--html", "--json")
     assert r.returncode == 0, r.stderr
     files = {Path(f).name for f in json.loads(r.stdout)["files"]}
-    assert files == {"report.md", "report.html", "methods.png", "convergence.png",
-                     "gantt_synthetic-100_k80x2.png", "gantt_synthetic-200_k80x2.png"}
-    for name in files - {"report.md", "report.html"}:
+    assert files == {"report.md", "report.html", "methods.png", "convergence.png", "convergence_time.png",
+                     "gantt_synthetic-100_k80x2.png", "gantt_synthetic-200_k80x2.png", "tables.csv", "tables.tex"}
+    for name in files - {"report.md", "report.html", "tables.csv", "tables.tex"}:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     md = (out / "report.md").read_text()
     with ResultStore(d / "r.db", create=False) as st:
         rows = st.rows()
     steps = [x["step_time_us"] for x in rows if x["method"] == "random" and x["graph"] == "synthetic-200"]
-    assert f"{np.mean(steps):,.1f} ± {np.std(steps, ddof=1):,.1f} µs (n=2)" in md
+    assert f"{np.mean(steps):,.1f} ± {np.std(steps, ddof=1):,.1f} µs" in md
     assert "Step time / expert" not in md  # no expert runs in this store
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 4
+    assert page.count("data:image/png;base64,") == 5 and "<h1>placetool sweep report: k80x2</h1>" in page
     assert "src='http" not in page and 'src="http' not in page
     r = placetool("report", str(tmp_path / "none.db"), "--out", str(out))
     assert r.returncode == 2 and "no such results file" in r.stderr
