@@ -37,10 +37,15 @@ class TrainConfig:
 
     samples: int = 64           # K placements per step and problem
     lr: float = 1e-4            # Adam learning rate of the network weights
-    residual_lr: float = 0.05   # Adam learning rate of the per-problem residual logits
+    residual_lr: float = 0.05   # learning rate of the per-problem residual logits
+    residual_optimizer: str = "adam"  # adam | sgd (plain steps: rarely-sampled entries stay put)
     clip_norm: float = 1.0      # global-norm gradient clipping
-    entropy: float = 0.01       # entropy bonus weight
+    entropy: float = 0.01       # entropy bonus weight at the start ...
+    entropy_end: float | None = None  # ... and at the end of the budget (None: constant)
+    baseline: str = "ema"       # ema: moving average of batch means; loo: leave-one-out mean of the other samples
     baseline_decay: float = 0.9  # EMA decay of the reward baseline
+    ppo_epochs: int = 1         # > 1: PPO-style clipped updates, this many passes over each batch
+    ppo_clip: float = 0.2       # ratio clip of the PPO objective
     penalty: float | None = None  # reward of an infeasible placement is -penalty (None: adaptive)
     greedy_every: int = 10      # also score the greedy placement every N steps
     checkpoint_every: int = 50  # steps between checkpoints (with a logdir)
@@ -54,13 +59,31 @@ class TrainConfig:
         cfg = cls(**options)
         if cfg.samples < 1:
             raise UserError(f"rl: samples must be >= 1, got {cfg.samples}")
+        if cfg.baseline not in ("ema", "loo"):
+            raise UserError(f"rl: baseline must be 'ema' or 'loo', got {cfg.baseline!r}")
+        if cfg.residual_optimizer not in ("adam", "sgd"):
+            raise UserError(f"rl: residual_optimizer must be 'adam' or 'sgd', got {cfg.residual_optimizer!r}")
+        if cfg.ppo_epochs < 1:
+            raise UserError(f"rl: ppo_epochs must be >= 1, got {cfg.ppo_epochs}")
         return cfg
+
+
+def _compiled_apply(opt, variables):
+    """``opt.apply_gradients`` on ``variables`` as one compiled call (eager Keras
+    optimiser steps cost ~0.2 s each, more than the rest of a training step)."""
+    tf = _tf()
+    opt.build(variables)
+
+    def apply(grads):
+        opt.apply_gradients(zip(grads, variables))
+
+    return tf.function(apply, reduce_retracing=True)
 
 
 class _Task:
     """One problem the policy trains on: its features, reward scale and baseline."""
 
-    def __init__(self, policy, problem, tracker=None, residual=None, lr=0.05, clip=1.0):
+    def __init__(self, policy, problem, tracker=None, residual=None, lr=0.05, clip=1.0, optimizer="adam"):
         self.problem = problem
         self.tracker = tracker
         self.atoms = policy.atoms_for(problem)
@@ -71,15 +94,25 @@ class _Task:
             import keras
 
             size = sum(int(np.prod(v.shape)) for v in self.residual_vars)
-            self.opt = keras.optimizers.Adam(lr, global_clipnorm=float(clip * np.sqrt(size)))
+            if optimizer == "sgd":
+                self.opt = keras.optimizers.SGD(lr)
+            else:
+                self.opt = keras.optimizers.Adam(lr, global_clipnorm=float(clip * np.sqrt(size)))
+            self.apply = _compiled_apply(self.opt, self.residual_vars)
         self.scale = max(problem.lower_bound_us(), 1e-9)
         self.baseline: float | None = None
         self.spread: float | None = None
         self.worst = 1.0
         self.best = np.inf
         self.best_assignment = None
+        #: trainer step at which ``best`` was sampled (None: not yet)
+        self.best_step = None
+        #: the step time the task started from (a warm start's), if the caller sets it
+        self.start_us: float | None = None
+        #: step time of the policy's mode (greedy placement) when it was scored before any update
+        self.mode_start_us: float | None = None
 
-    def score(self, A):
+    def score(self, A, step_no=0):
         """(step times, feasible) of a batch; through the tracker when there is one."""
         if self.tracker is not None:
             r = self.tracker.evaluate(A)
@@ -92,7 +125,7 @@ class _Task:
         if ok.any():
             i = int(np.argmin(np.where(ok, step, np.inf)))
             if step[i] < self.best:
-                self.best, self.best_assignment = float(step[i]), A[i].copy()
+                self.best, self.best_assignment, self.best_step = float(step[i]), A[i].copy(), step_no
         return n, step, ok
 
 
@@ -107,37 +140,71 @@ class Trainer:
         self.seed = int(seed) & 0x7FFFFFFF
         trackers = trackers or [None] * len(problems)
         residuals = residuals or [None] * len(problems)
-        self.tasks = [_Task(policy, p, t, r, self.cfg.residual_lr, self.cfg.clip_norm)
+        self.tasks = [_Task(policy, p, t, r, self.cfg.residual_lr, self.cfg.clip_norm, self.cfg.residual_optimizer)
                       for p, t, r in zip(problems, trackers, residuals)]
         import keras
 
         self.opt = keras.optimizers.Adam(self.cfg.lr, global_clipnorm=self.cfg.clip_norm)
+        self._apply = _compiled_apply(self.opt, self.policy.variables)
         self.step_no = 0
         self.logdir = Path(logdir) if logdir else None
         self.writer = self.tf.summary.create_file_writer(str(self.logdir)) if self.logdir else None
         self.progress = progress
         self.samples_seen = 0
         self.t0 = time.perf_counter()
+        self._train_t0 = self.t0
+        self._limits = (None, None)
         self._grad = self.tf.function(self._grad_impl, reduce_retracing=True)
 
     # ------------------------------------------------------------------ pieces
-    def _grad_impl(self, obs, actions, adv, extra_vars):
+    def _grad_impl(self, obs, actions, adv, old_logp, ent_w, extra_vars):
         tf = self.tf
         with tf.GradientTape() as tape:
             logp, ent = self.policy._logp(obs, *actions)
-            loss = -tf.reduce_mean(adv * logp) - self.cfg.entropy * tf.reduce_mean(ent)
+            if old_logp is None:
+                pg = adv * logp
+            else:  # PPO: the clipped surrogate keeps later passes near the sampling policy
+                ratio = tf.exp(tf.clip_by_value(logp - old_logp, -20.0, 20.0))
+                c = self.cfg.ppo_clip
+                pg = tf.minimum(ratio * adv, tf.clip_by_value(ratio, 1.0 - c, 1.0 + c) * adv)
+            loss = -tf.reduce_mean(pg) - ent_w * tf.reduce_mean(ent)
         grads = tape.gradient(loss, self.policy.variables + extra_vars)
         return loss, tf.reduce_mean(ent), grads
 
-    def gradients(self, task: _Task, actions, adv):
+    def entropy_weight(self) -> float:
+        """The entropy bonus now: linear from ``entropy`` to ``entropy_end`` over the budget."""
+        if self.cfg.entropy_end is None:
+            return self.cfg.entropy
+        f = min(max(self.fraction(), 0.0), 1.0)
+        return (1 - f) * self.cfg.entropy + f * self.cfg.entropy_end
+
+    def fraction(self) -> float:
+        """How much of the budget is spent (0..1), from the first tracker or train()'s limits."""
+        t = self.tasks[0].tracker
+        b = t.budget if t is not None else None
+        parts = []
+        if b is not None and b.evals:
+            parts.append(t.evaluations / b.evals)
+        if b is not None and b.seconds:
+            parts.append(t.seconds / b.seconds)
+        if self._limits[0]:
+            parts.append(self.step_no / self._limits[0])
+        if self._limits[1]:
+            parts.append((time.perf_counter() - self._train_t0) / self._limits[1])
+        return max(parts, default=0.0)
+
+    def gradients(self, task: _Task, actions, adv, old_logp=None):
         """Policy-gradient of the network weights for sampled ``actions`` with advantages
-        ``adv``; the task's residual table (if any) takes its own Adam step here."""
+        ``adv`` (PPO's clipped surrogate when ``old_logp`` is given); the task's residual
+        table (if any) takes its own optimiser step here."""
         tf = self.tf
         loss, ent, grads = self._grad(task.obs, tuple(tf.constant(a) for a in actions),
-                                      tf.constant(np.asarray(adv, np.float32)), task.residual_vars)
+                                      tf.constant(np.asarray(adv, np.float32)),
+                                      None if old_logp is None else tf.constant(old_logp),
+                                      tf.constant(self.entropy_weight(), tf.float32), task.residual_vars)
         nv = len(self.policy.variables)
         if task.residual_vars:
-            task.opt.apply_gradients(zip(grads[nv:], task.residual_vars))
+            task.apply(list(grads[nv:]))
         grads = [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
                  for g, v in zip(grads[:nv], self.policy.variables)]
         return loss, ent, grads
@@ -145,7 +212,7 @@ class Trainer:
     def update(self, task: _Task, actions, adv) -> None:
         """One optimiser step on one task's samples (what :meth:`step` does per problem)."""
         _, _, grads = self.gradients(task, actions, adv)
-        self.opt.apply_gradients(zip(grads, self.policy.variables))
+        self._apply(grads)
 
     def rewards(self, task: _Task, step, ok) -> np.ndarray:
         r = -np.sqrt(np.where(ok, step, task.scale) / task.scale)
@@ -155,8 +222,15 @@ class Trainer:
         return np.where(ok, r, -pen)
 
     def advantages(self, task: _Task, r: np.ndarray) -> np.ndarray:
+        """Centred, scaled rewards: against an EMA baseline, or (``baseline="loo"``) each
+        sample against the mean of the other samples of its batch (unbiased, and it
+        cancels the batch's common part exactly), scaled by the batch's spread."""
         d = self.cfg.baseline_decay
         m, s = float(r.mean()), float(r.std())
+        if self.cfg.baseline == "loo" and len(r) > 1:
+            others = (r.sum() - r) / (len(r) - 1)
+            task.baseline = m if task.baseline is None else d * task.baseline + (1 - d) * m
+            return ((r - others) / max(s, 1e-6)).astype(np.float32)
         if task.baseline is None:
             task.baseline, task.spread = m, max(s, 1e-3)
         adv = (r - task.baseline) / max(task.spread, 1e-3)
@@ -176,24 +250,34 @@ class Trainer:
             with_greedy = self.step_no % max(self.cfg.greedy_every, 1) == 0
             if with_greedy:
                 A = np.concatenate([self.policy.assignment(task.atoms, self.policy.greedy(task.obs)), A])
-            n, step, ok = task.score(A)
+            n, step, ok = task.score(A, self.step_no)
             self.samples_seen += n
             if with_greedy:
                 greedy_step = float(step[0]) if ok[0] else np.inf
+                if self.step_no == 0 and task.mode_start_us is None:
+                    task.mode_start_us = float(step[0])
                 n, step, ok = n - 1, step[1:], ok[1:]
             if n <= 0:
                 continue
             acts = tuple(a[:n] for a in actions)
             adv = self.advantages(task, self.rewards(task, step[:n], ok[:n]))
-            loss, ent, grads = self.gradients(task, acts, adv)
-            grads_sum = grads if grads_sum is None else [a + b for a, b in zip(grads_sum, grads)]
+            if self.cfg.ppo_epochs > 1:  # several clipped passes over this batch, one task at a time
+                old = self.policy.logp_entropy(task.obs, acts)[0].numpy()
+                for _ in range(self.cfg.ppo_epochs):
+                    loss, ent, grads = self.gradients(task, acts, adv, old)
+                    self._apply(grads)
+            else:
+                loss, ent, grads = self.gradients(task, acts, adv)
+                grads_sum = grads if grads_sum is None else [a + b for a, b in zip(grads_sum, grads)]
             feas = step[:n][ok[:n]]
             stats.append({"mean_step_us": float(feas.mean()) if feas.size else np.inf,
-                          "best_step_us": task.best, "entropy": float(ent), "baseline": float(task.baseline),
-                          "feasible": float(ok[:n].mean()), "loss": float(loss),
+                          "best_step_us": min(task.best, task.start_us if task.start_us is not None else np.inf),
+                          "policy_best_us": task.best, "entropy": float(ent), "baseline": float(task.baseline),
+                          "feasible": float(ok[:n].mean()), "loss": float(loss), "lower_bound_us": task.scale,
+                          **({"warm_start_us": task.start_us} if task.start_us is not None else {}),
                           **({"greedy_step_us": greedy_step} if with_greedy else {})})
         if grads_sum is not None:
-            self.opt.apply_gradients(zip(grads_sum, self.policy.variables))
+            self._apply(grads_sum)
         self.step_no += 1
         out = {k: float(np.mean([s[k] for s in stats])) for k in (stats[0] if stats else {}) if all(k in s for s in stats)}
         self._log(out)
@@ -238,6 +322,7 @@ class Trainer:
     def train(self, steps: int | None = None, seconds: float | None = None, done=None) -> dict:
         """Step until ``steps`` or ``seconds`` or ``done()`` or the tracker's budget ends."""
         t0 = time.perf_counter()
+        self._train_t0, self._limits = t0, (steps, seconds)
         try:
             while True:
                 if steps is not None and self.step_no >= steps:
