@@ -33,16 +33,18 @@ def rl():
 @click.option("--graphs", "-g", multiple=True, required=True,
               help="Graphs to train on (names or paths; comma-separated or repeated).")
 @click.option("--clusters", "-c", multiple=True, default=("k80x4",), show_default=True,
-              help="Clusters (all with the same number of devices).")
+              help="Clusters (gdp: any sizes up to 16 devices; other policies: one device count).")
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="Folder to save the policy in.")
 @click.option("--policy", default="gdp", show_default=True, help="seq2seq, hierarchical or gdp.")
 @click.option("--steps", type=int, default=None, help="Training steps (each samples every graph).")
 @click.option("--seconds", type=float, default=120.0, show_default=True, help="Time budget.")
 @click.option("--samples", type=int, default=32, show_default=True, help="Placements per graph and step.")
+@click.option("--per-step", "per_step", type=click.IntRange(min=1), default=None,
+              help="Problems (graph x cluster) sampled per step, in rotation (default: all).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--logdir", type=click.Path(file_okay=False), default=None, help="TensorBoard scalars and checkpoints.")
 @json_option
-def pretrain(graphs, clusters, out, policy, steps, seconds, samples, seed, logdir, as_json):
+def pretrain(graphs, clusters, out, policy, steps, seconds, samples, per_step, seed, logdir, as_json):
     """Train one policy on several graphs at once and save it to OUT.
 
     The per-problem residual logits are off here, so everything the policy learns is in
@@ -59,7 +61,7 @@ def pretrain(graphs, clusters, out, policy, steps, seconds, samples, seed, logdi
         for g in graphs:
             problems.append(Problem(CostModel(presets.load_graph(g), cl)))
     nd = {p.n_devices for p in problems}
-    if len(nd) > 1:
+    if len(nd) > 1 and policy != "gdp":
         raise UserError(f"rl pretrain: clusters {', '.join(clusters)} have different device counts {sorted(nd)}; "
                         f"a policy places on one number of devices")
     if steps is not None and steps < 1:
@@ -70,9 +72,9 @@ def pretrain(graphs, clusters, out, policy, steps, seconds, samples, seed, logdi
 
     tf()
     set_seed(seed)
-    pol = policies.make(policy, nd.pop(), seed=seed, residual=False)
+    pol = policies.make(policy, max(nd), seed=seed, residual=False)
     # without residual tables only the network learns: give it a larger step size
-    cfg = TrainConfig(samples=samples, lr=1e-3)
+    cfg = TrainConfig(samples=samples, lr=1e-3, baseline="loo", tasks_per_step=per_step)
     t0 = time.perf_counter()
 
     def progress(step, out_):
@@ -87,6 +89,9 @@ def pretrain(graphs, clusters, out, policy, steps, seconds, samples, seed, logdi
         a = pol.assignment(t.atoms, pol.greedy(t.obs))[0]
         greedy[f"{t.problem.graph.name}@{t.problem.cluster.name}"] = float(t.problem.cost_model.simulate(a).step_time_us)
     summary["greedy_step_us"] = greedy
+    summary["recipe"] = {"graphs": graphs, "clusters": clusters, "policy": policy, "steps": steps,
+                         "seconds": seconds if not steps else None, "samples": samples, "per_step": per_step,
+                         "seed": seed}
     trainer.policy.save(out, extra=summary)
     result = {"out": out, "policy": policy, **summary}
     if as_json:

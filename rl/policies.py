@@ -170,7 +170,8 @@ class Policy:
             **{f"bias{i or ''}": b for i, b in enumerate(biases)},
             # a static part of every compiled function's cache key: a residual table is a
             # tf.Variable, whose shape a relaxed trace would otherwise take from the first problem
-            "shapes": (int(atoms.n), int(atoms.n_devices), int(atoms.ops.x.shape[0]) if atoms.ops is not None else 0),
+            # (pre-training has no tables: one relaxed trace then serves every graph)
+            "shapes": (int(atoms.n), int(atoms.n_devices)) if self.residual else None,
         }
 
     def residual_priors(self, atoms: AtomGraph) -> list[np.ndarray]:

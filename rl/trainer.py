@@ -48,6 +48,7 @@ class TrainConfig:
     ppo_clip: float = 0.2       # ratio clip of the PPO objective
     penalty: float | None = None  # reward of an infeasible placement is -penalty (None: adaptive)
     greedy_every: int = 10      # also score the greedy placement every N steps
+    tasks_per_step: int | None = None  # multi-problem training: this many problems per step, in rotation
     checkpoint_every: int = 50  # steps between checkpoints (with a logdir)
 
     @classmethod
@@ -80,6 +81,54 @@ def _compiled_apply(opt, variables):
     return tf.function(apply, reduce_retracing=True)
 
 
+class _FrozenNetTable:
+    """A policy whose network is frozen (``lr == 0``): its logits are the network's,
+    computed once, plus the per-problem residual table, so sampling and the REINFORCE
+    step on the table are closed-form numpy (d log pi(a) / d logits = onehot(a) - p) —
+    an order of magnitude more samples per second than a TensorFlow pass per step."""
+
+    def __init__(self, policy, task):
+        self.net = np.asarray(policy.net_logits(task.obs), np.float64)
+        self.var = task.residual_vars[0]
+        self.table = self.var.numpy().astype(np.float64)
+        self.mask = task.atoms.allowed
+        self.T = policy.temperature
+        self.n, self.D = self.mask.shape
+
+    def logits(self):
+        return np.where(self.mask, (self.net + self.table) / self.T, -np.inf)
+
+    def probs(self):
+        lg = self.logits()
+        e = np.exp(lg - lg.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    def sample(self, K: int, seed) -> np.ndarray:
+        g = np.random.default_rng(seed).gumbel(size=(K, self.n, self.D))
+        return np.argmax(self.logits()[None] + g, axis=2).astype(np.int32)
+
+    def greedy(self) -> np.ndarray:
+        return np.argmax(self.logits(), axis=1).astype(np.int32)[None]
+
+    def update(self, acts, adv, lr: float, ent_w: float) -> float:
+        """One gradient-ascent step of mean_k(A_k log pi(a_k)) + ent_w * H on the table;
+        returns the mean entropy per group before the step."""
+        p = self.probs()
+        K = len(acts)
+        idx = (acts + (np.arange(self.n) * self.D)[None, :]).ravel()
+        g = np.bincount(idx, weights=np.repeat(np.asarray(adv, np.float64), self.n), minlength=self.n * self.D)
+        g = g.reshape(self.n, self.D) / K - float(np.mean(adv)) * p
+        logp = np.log(np.maximum(p, 1e-30))
+        ent = -(p * logp).sum(axis=1)
+        if ent_w:
+            g += ent_w * (-p * (logp + ent[:, None])) / self.n
+        self.table += lr * np.where(self.mask, g, 0.0) / self.T
+        return float(ent.mean())
+
+    def sync(self) -> None:
+        self.var.assign(self.table.astype(np.float32))
+
+
 class _Task:
     """One problem the policy trains on: its features, reward scale and baseline."""
 
@@ -95,7 +144,7 @@ class _Task:
 
             size = sum(int(np.prod(v.shape)) for v in self.residual_vars)
             if optimizer == "sgd":
-                self.opt = keras.optimizers.SGD(lr)
+                self.opt = keras.optimizers.SGD(float(lr))
             else:
                 self.opt = keras.optimizers.Adam(lr, global_clipnorm=float(clip * np.sqrt(size)))
             self.apply = _compiled_apply(self.opt, self.residual_vars)
@@ -142,9 +191,12 @@ class Trainer:
         residuals = residuals or [None] * len(problems)
         self.tasks = [_Task(policy, p, t, r, self.cfg.residual_lr, self.cfg.clip_norm, self.cfg.residual_optimizer)
                       for p, t, r in zip(problems, trackers, residuals)]
+        frozen = self.cfg.lr == 0 and hasattr(policy, "net_logits") and self.cfg.ppo_epochs == 1
+        for t in self.tasks:
+            t.frozen = _FrozenNetTable(policy, t) if frozen and len(t.residual_vars) == 1 else None
         import keras
 
-        self.opt = keras.optimizers.Adam(self.cfg.lr, global_clipnorm=self.cfg.clip_norm)
+        self.opt = keras.optimizers.Adam(float(self.cfg.lr), global_clipnorm=self.cfg.clip_norm)
         self._apply = _compiled_apply(self.opt, self.policy.variables)
         self.step_no = 0
         self.logdir = Path(logdir) if logdir else None
@@ -243,13 +295,24 @@ class Trainer:
         """One REINFORCE step over every problem; returns scalars for logging."""
         K = self.cfg.samples
         grads_sum, stats = None, []
-        for ti, task in enumerate(self.tasks):
+        chosen = range(len(self.tasks))
+        m = self.cfg.tasks_per_step
+        if m is not None and m < len(self.tasks):  # a rotating window: every problem as often
+            chosen = [(self.step_no * m + j) % len(self.tasks) for j in range(m)]
+        for ti in chosen:
+            task = self.tasks[ti]
             seed = [self.seed, self.step_no * 1009 + ti]
-            actions = self.policy.sample(task.obs, K, seed)
-            A = self.policy.assignment(task.atoms, actions)
+            fz = task.frozen
             with_greedy = self.step_no % max(self.cfg.greedy_every, 1) == 0
+            parts = []
             if with_greedy:
-                A = np.concatenate([self.policy.assignment(task.atoms, self.policy.greedy(task.obs)), A])
+                mode = (fz.greedy(),) if fz else self.policy.greedy(task.obs)
+                parts.append(self.policy.assignment(task.atoms, mode))
+            # a zero-shot call (one evaluation left) scores the mode only: no samples drawn
+            if not (with_greedy and task.tracker is not None and task.tracker.remaining_evals() <= 1):
+                actions = (fz.sample(K, seed),) if fz else self.policy.sample(task.obs, K, seed)
+                parts.append(self.policy.assignment(task.atoms, actions))
+            A = np.concatenate(parts)
             n, step, ok = task.score(A, self.step_no)
             self.samples_seen += n
             if with_greedy:
@@ -261,7 +324,10 @@ class Trainer:
                 continue
             acts = tuple(a[:n] for a in actions)
             adv = self.advantages(task, self.rewards(task, step[:n], ok[:n]))
-            if self.cfg.ppo_epochs > 1:  # several clipped passes over this batch, one task at a time
+            if fz:
+                ent = fz.update(acts[0], adv, self.cfg.residual_lr, self.entropy_weight())
+                loss = float("nan")
+            elif self.cfg.ppo_epochs > 1:  # several clipped passes over this batch, one task at a time
                 old = self.policy.logp_entropy(task.obs, acts)[0].numpy()
                 for _ in range(self.cfg.ppo_epochs):
                     loss, ent, grads = self.gradients(task, acts, adv, old)
@@ -308,6 +374,8 @@ class Trainer:
         from .policies import fingerprint
 
         t = self.tasks[0]
+        if t.frozen:
+            t.frozen.sync()
         res = ([v.numpy() for v in t.residual_vars], fingerprint(t.problem, t.atoms)) if t.residual_vars else None
         self.policy.save(folder, extra=self.summary(), residual=res)
 
@@ -337,6 +405,9 @@ class Trainer:
         except BudgetExhausted:
             pass
         finally:
+            for t in self.tasks:
+                if t.frozen:
+                    t.frozen.sync()
             if self.writer is not None:
                 self.writer.flush()
             if self.logdir:

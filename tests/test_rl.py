@@ -232,7 +232,7 @@ def test_pretrain_cli_then_zero_shot(tmp_path):
     r = run("rl", p, Budget(evals=1), seed=0, init_from=str(out))  # zero-shot: the greedy placement
     assert r.evaluations == 1
     assert r.step_time_us == pytest.approx(info["greedy_step_us"]["synthetic-160@k80x2"], rel=1e-12)
-    bad = CliRunner().invoke(cli, ["rl", "pretrain", "--graphs", "synthetic-120", "--clusters", "k80x2,k80x4",
+    bad = CliRunner().invoke(cli, ["rl", "pretrain", "--graphs", "synthetic-120", "--clusters", "k80x2,k80x4", "--policy", "seq2seq",
                                    "--out", str(tmp_path / "x"), "--steps", "1"])
     assert isinstance(bad.exception, UserError) and "different device counts" in str(bad.exception)
 
@@ -319,3 +319,35 @@ def test_logdir_gets_a_subfolder_per_run_with_scalars_and_a_checkpoint(tiny, tmp
     w = run("rl", p, Budget(evals=40), seed=0, logdir=str(tmp_path / "warm"))
     wdir = Path(w.metadata["logdir"])
     assert "warm_start_us" in _scalar_tags(wdir) and w.metadata["source"].startswith("warm start ")
+
+
+@pytest.mark.timeout(120)
+def test_bundled_policy_places_held_out_graphs_zero_shot():
+    """The shipped GDP policy loads without training and places graphs it never saw
+    (a held-out zoo graph on 9 devices, and a hand-built graph) with one evaluation."""
+    from click.testing import CliRunner
+
+    from placetool.cli.main import cli
+    from placetool.rl import policies
+    from placetool.rl.method import bundled_policy
+
+    folder = bundled_policy("gdp")
+    assert folder is not None
+    meta = json.loads((folder / "policy.json").read_text())
+    held_out = {"inception_v3", "gnmt8", "transformer"}
+    assert held_out.isdisjoint(meta["recipe"]["graphs"])
+    res = CliRunner().invoke(cli, ["search", "--method", "rl", "--init-from", "gdp", "--budget-evals", "1",
+                                   "-g", "transformer", "-c", "k40x8", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["evaluations"] == 1 and out["feasible"]
+    assert out["metadata"]["source"].startswith("policy at step 0")
+    # the same greedy placement as loading the policy by hand
+    p = Problem(CostModel(presets.load_graph("transformer"), presets.load_cluster("k40x8")))
+    pol, _ = policies.load(folder, n_devices=p.n_devices)
+    atoms = pol.atoms_for(p)
+    a = pol.assignment(atoms, pol.greedy(pol.obs(atoms)))[0]
+    assert out["step_time_us"] == pytest.approx(p.cost_model.simulate(a).step_time_us, rel=1e-12)
+    t = tiny_problem()
+    r = run("rl", t, Budget(evals=1), seed=0, init_from="gdp")
+    assert r.evaluations == 1 and t.is_valid(r.assignment)
