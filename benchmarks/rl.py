@@ -93,6 +93,10 @@ def main(argv=None) -> int:
     from placetool.rl.tfutil import tf
 
     tf()  # TensorFlow's start-up is not charged to the first instance
+    # nor the compilation of the simulators and schedulers (numba) to the first method run
+    warm = problem("synthetic-200/k80x4")
+    for m in ("sa", "rl"):
+        run(m, warm, Budget(evals=300), seed=0)
     rows, trows = [], []
     for inst in [s for s in a.instances.split(",") if s]:
         print(f"{inst}: rl and sa, {a.seconds:g} s each ...", file=sys.stderr)

@@ -37,6 +37,9 @@ DEFAULT_BUDGET = Budget(seconds=120.0)
 #: plain gradient steps on the table large enough that a winning sample moves the mode
 GDP_SEARCH_DEFAULTS = {"lr": 0.0, "baseline": "loo", "residual_optimizer": "sgd", "residual_lr": 20.0,
                        "samples": 32, "entropy": 0.0}
+#: the table's step size without a warm start: logits start near 0, where steps of 20
+#: collapse the policy onto its first lucky sample (measured on the tests' tiny problem)
+COLD_RESIDUAL_LR = 2.0
 
 _POLICY_KNOBS = {"hidden", "max_groups", "n_groups", "tanh_c", "temperature", "layers", "heads", "group_layers",
                  "max_devices"}
@@ -112,6 +115,8 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
         residual, seeded = _warm_start(pol, problem, budget, seed, tracker, explore)
         if seeded is not None:
             start_us = tracker.best_step_us
+    if kind == "gdp" and seeded is None and "residual_lr" not in options:
+        cfg.residual_lr = COLD_RESIDUAL_LR
     run_dir = run_folder(logdir, problem, pol.kind, seed) if logdir else None
     trainer = Trainer(pol, [problem], cfg, seed=seed, trackers=[tracker], logdir=run_dir, residuals=[residual])
     task = trainer.tasks[0]
