@@ -223,11 +223,12 @@ def test_pretrain_cli_then_zero_shot(tmp_path):
     from placetool.cli.main import cli
 
     out = tmp_path / "policy"
-    res = CliRunner().invoke(cli, ["rl", "pretrain", "--graphs", "synthetic-120,synthetic-160", "--clusters", "k80x2",
-                                   "--out", str(out), "--steps", "6", "--samples", "8", "--json"])
-    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(cli, ["rl", "pretrain", "--graphs", "synthetic-120,synthetic-160", "--clusters",
+                                   "k80x2,k80x4", "--out", str(out), "--steps", "6", "--samples", "8", "--json"])
+    assert res.exit_code == 0, res.output  # gdp trains on clusters of 3 and 5 devices at once
     info = json.loads(res.output)
-    assert info["steps"] == 6 and sorted(info["graphs"]) == ["synthetic-120", "synthetic-160"]
+    assert info["steps"] == 6 and sorted(set(info["graphs"])) == ["synthetic-120", "synthetic-160"]
+    assert info["recipe"]["clusters"] == ["k80x2", "k80x4"] and len(info["greedy_step_us"]) == 4
     p = Problem(CostModel(presets.load_graph("synthetic-160"), presets.load_cluster("k80x2")))
     r = run("rl", p, Budget(evals=1), seed=0, init_from=str(out))  # zero-shot: the greedy placement
     assert r.evaluations == 1
@@ -351,3 +352,30 @@ def test_bundled_policy_places_held_out_graphs_zero_shot():
     t = tiny_problem()
     r = run("rl", t, Budget(evals=1), seed=0, init_from="gdp")
     assert r.evaluations == 1 and t.is_valid(r.assignment)
+
+
+@pytest.mark.timeout(60)
+def test_frozen_network_table_step_is_the_policy_gradient(tiny):
+    """The closed-form numpy step on the residual table (the default search path) equals
+    TensorFlow's gradient of mean(A * log pi(a)) with respect to that table."""
+    from types import SimpleNamespace
+
+    from placetool.rl import policies
+    from placetool.rl.trainer import _FrozenNetTable
+
+    p, _ = tiny
+    pol = policies.make("gdp", p.n_devices, seed=5, hidden=16)
+    atoms = pol.atoms_for(p)
+    rng = np.random.default_rng(0)
+    table0 = rng.normal(0, 2, (atoms.n, p.n_devices)).astype(np.float32)
+    obs = pol.obs(atoms, [table0])
+    acts = pol.sample(obs, 8, [3, 4])[0]
+    adv = rng.normal(size=8).astype(np.float32)
+    with tf.GradientTape() as tape:
+        logp, _ = pol._logp(obs, tf.constant(acts))
+        objective = tf.reduce_mean(adv * logp)
+    expect = tape.gradient(objective, obs["bias"]).numpy()
+    fz = _FrozenNetTable(pol, SimpleNamespace(obs=obs, residual_vars=[obs["bias"]], atoms=atoms))
+    np.testing.assert_array_equal(fz.greedy()[0], pol.greedy(obs)[0][0])
+    fz.update(acts, adv, lr=1.0, ent_w=0.0)
+    np.testing.assert_allclose(fz.table - table0, np.where(atoms.allowed, expect, 0.0), atol=2e-6)
