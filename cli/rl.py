@@ -82,6 +82,10 @@ def pretrain(graphs, clusters, out, policy, steps, seconds, samples, per_step, s
             click.echo(f"step {step:5d}  {time.perf_counter() - t0:7.1f} s  mean step {fmt_us(out_.get('mean_step_us', float('nan')))}"
                        f"  entropy {out_.get('entropy', float('nan')):.3f}", err=True)
 
+    if logdir:  # each run in its own subfolder, as search --method rl does
+        from placetool.rl.method import run_folder
+
+        logdir = str(run_folder(logdir, f"pretrain-{policy}-s{seed}"))
     trainer = Trainer(pol, problems, cfg, seed=seed, logdir=logdir, progress=progress)
     summary = trainer.train(steps=steps, seconds=None if steps else seconds)
     greedy = {}

@@ -65,10 +65,10 @@ def resolve_policy_folder(init_from) -> Path:
     return p
 
 
-def run_folder(logdir, problem, kind: str, seed: int) -> Path:
-    """A fresh subfolder of ``logdir`` for one run: graph-cluster-policy-seed-time."""
+def run_folder(logdir, label: str) -> Path:
+    """A fresh subfolder of ``logdir`` for one run: LABEL-date-time (-2, -3... if taken)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(logdir) / f"{problem.graph.name}-{problem.cluster.name}-{kind}-s{seed}-{stamp}"
+    base = Path(logdir) / f"{label}-{stamp}"
     d, i = base, 1
     while d.exists():
         i += 1
@@ -117,7 +117,8 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
             start_us = tracker.best_step_us
     if kind == "gdp" and seeded is None and "residual_lr" not in options:
         cfg.residual_lr = COLD_RESIDUAL_LR
-    run_dir = run_folder(logdir, problem, pol.kind, seed) if logdir else None
+    label = f"{problem.graph.name}-{problem.cluster.name}-{pol.kind}-s{seed}"
+    run_dir = run_folder(logdir, label) if logdir else None
     trainer = Trainer(pol, [problem], cfg, seed=seed, trackers=[tracker], logdir=run_dir, residuals=[residual])
     task = trainer.tasks[0]
     task.start_us = start_us
@@ -129,7 +130,7 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
         source = f"policy at step {task.best_step}" + (" (zero-shot)" if folder is not None and task.best_step == 0
                                                       and summary["steps"] <= 1 else "")
     else:
-        source = f"warm start {seeded}" if seeded else None
+        source = "policy (no feasible placement found)"
     return {"policy": pol.kind, "atoms": atoms.n, "groups": problem.n_groups,
             "coarsened": atoms.n < problem.n_groups, "steps": summary["steps"],
             "samples_per_step": cfg.samples, "init_from": str(folder) if folder is not None else None,
