@@ -1,19 +1,26 @@
-"""RL placers against simulated annealing and TPE at equal evaluation budgets.
+"""RL placers against simulated annealing at the same wall time, and the shipped policy zero-shot.
 
-    python benchmarks/rl.py                                  # nmt, inception_v3, gnmt4 on k80x4
-    python benchmarks/rl.py --evals 3000 --seconds 90 --json
-    python benchmarks/rl.py --graphs synthetic-1k --plot rl.png
+    python benchmarks/rl.py                                     # the full table: 4 instances x 300 s
+    python benchmarks/rl.py --instances synthetic-1k/k80x4,nmt/k80x4 --seconds 60
+    python benchmarks/rl.py --transfer inception_v3/k80x4,transformer/k40x8 --seconds 0
+    python benchmarks/rl.py --json
 
-For each graph (zoo graphs where ``data/graphs`` has them, else synthetic ones), in one
-run side by side: the expert and m-etf placements (one evaluation each) for scale, then
-``sa``, ``tpe`` and ``rl`` with each policy (seq2seq, hierarchical, gdp) under the same
-budget (``--evals`` placements, capped at ``--seconds``). Each row gives the best step
-time at 25%, 50% and 100% of the evaluations, the seconds taken, and the best relative
-to the best non-neural result on that graph. Methods not installed are skipped.
+Search table, one row per instance (graph/cluster), both methods run one after the other
+in the same process with the same ``--seconds`` budget and seed:
 
-GDP transfer: a GDP policy is pre-trained (``--pretrain-seconds``) on the zoo graphs not
-in the test set, then placed zero-shot (its greedy placement, 1 evaluation) and
-fine-tuned (the same budget as the others) on each test graph.
+- warm start: the best cheap placement rl (and sa) start from, and its name;
+- rl at T s: ``placetool search --method rl`` (gdp on every group) — its best, its ratio to
+  the warm start, *where the best came from* (``warm start NAME`` or ``policy at step
+  N``), its steps and samples/s;
+- sa at T s: simulated annealing (incremental simulator), its best and evaluations/s;
+- rl / sa: below 1.0 rl won.
+
+Transfer table (``--transfer``, held-out graphs of the bundled policy by default): the
+pre-trained policy placed zero-shot (one evaluation: its greedy placement, and the wall
+time of the whole call, TensorFlow start-up excluded), fine-tuned for ``--finetune``
+seconds, and sa for the same seconds.
+
+Timings on a shared machine vary with its load; compare rows of one run, not across runs.
 """
 
 from __future__ import annotations
@@ -22,142 +29,99 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
-
-import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from placetool.costmodel import CostModel, presets  # noqa: E402
-from placetool.search import Budget, Problem, SearchError, run  # noqa: E402
+from placetool.search import Budget, Problem, run  # noqa: E402
 
-DEFAULT_GRAPHS = ("nmt", "inception_v3", "gnmt4")
-FALLBACK = {"nmt": "synthetic-2000", "inception_v3": "synthetic-5000", "gnmt4": "synthetic-10k"}
-PRETRAIN = ("rnnlm", "resnet50", "transformer", "wavenet")
-
-
-def best_at(history, evals) -> float:
-    """Best step time after ``evals`` evaluations (inf before the first feasible one)."""
-    b = np.inf
-    for e, _, s in history:
-        if e <= evals:
-            b = s
-    return b
+INSTANCES = ("nmt/k80x4", "inception_v3/k80x4", "gnmt4/k40x8", "transformer/k40x8")
+HELD_OUT = ("inception_v3/k80x4", "gnmt8/k40x8", "transformer/k40x8")
 
 
-def one(method, problem, budget, seed, **opts) -> dict | None:
-    try:
-        t = time.perf_counter()
-        r = run(method, problem, budget, seed=seed, **opts)
-        wall = time.perf_counter() - t
-    except (SearchError, ImportError) as e:
-        print(f"  skip {method} {opts}: {e}", file=sys.stderr)
-        return None
-    E = r.evaluations
-    return {"best": r.step_time_us, "feasible": r.feasible, "evals": E, "seconds": wall,
-            "at25": best_at(r.history, E // 4), "at50": best_at(r.history, E // 2),
-            "history": [(int(e), float(s), float(b)) for e, s, b in r.history]}
+def problem(instance: str) -> Problem:
+    g, c = instance.split("/")
+    return Problem(CostModel(presets.load_graph(g), presets.load_cluster(c)))
+
+
+def search_row(instance: str, seconds: float, seed: int, rl_opts: dict) -> dict:
+    p = problem(instance)
+    t = time.perf_counter()
+    r = run("rl", p, Budget(seconds=seconds), seed=seed, **rl_opts)
+    rl_wall = time.perf_counter() - t
+    m = r.metadata
+    t = time.perf_counter()
+    s = run("sa", p, Budget(seconds=seconds), seed=seed)
+    sa_wall = time.perf_counter() - t
+    return {"instance": instance, "ops": p.graph.n_ops, "groups": p.n_groups, "seconds": seconds,
+            "warm_start": m.get("warm_start"), "warm_start_us": m.get("warm_start_us"),
+            "rl_us": r.step_time_us, "rl_vs_warm": m.get("vs_warm_start"), "rl_source": m.get("source"),
+            "rl_steps": m.get("steps"), "rl_evals": r.evaluations, "rl_samples_per_s": r.evaluations / rl_wall,
+            "sa_us": s.step_time_us, "sa_evals": s.evaluations, "sa_evals_per_s": s.evaluations / sa_wall,
+            "rl_vs_sa": r.step_time_us / s.step_time_us}
+
+
+def transfer_row(instance: str, policy: str, finetune: float, seed: int) -> dict:
+    p = problem(instance)
+    t = time.perf_counter()
+    z = run("rl", p, Budget(evals=1), seed=seed, init_from=policy)
+    zero_wall = time.perf_counter() - t
+    row = {"instance": instance, "ops": p.graph.n_ops, "zero_shot_us": z.step_time_us, "zero_shot_s": zero_wall,
+           "zero_shot_feasible": z.feasible}
+    if finetune > 0:
+        f = run("rl", p, Budget(seconds=finetune), seed=seed, init_from=policy)
+        s = run("sa", p, Budget(seconds=finetune), seed=seed)
+        row.update({"finetuned_us": f.step_time_us, "finetuned_source": f.metadata.get("source"),
+                    "sa_us": s.step_time_us, "zero_shot_vs_sa": z.step_time_us / s.step_time_us,
+                    "finetuned_vs_sa": f.step_time_us / s.step_time_us})
+    return row
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--graphs", default=",".join(DEFAULT_GRAPHS))
-    ap.add_argument("--cluster", default="k80x4")
-    ap.add_argument("--evals", type=int, default=3000, help="evaluations per method and graph")
-    ap.add_argument("--seconds", type=float, default=90.0, help="time cap per method and graph")
-    ap.add_argument("--policies", default="seq2seq,hierarchical,gdp")
-    ap.add_argument("--pretrain-seconds", type=float, default=90.0, help="0: skip the GDP transfer part")
+    ap.add_argument("--instances", default=",".join(INSTANCES), help="graph/cluster,... ('' skips the search table)")
+    ap.add_argument("--seconds", type=float, default=300.0, help="budget of rl and sa per instance")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--plot", default=None, help="write best-vs-evaluations curves to this PNG")
+    ap.add_argument("--rl-options", default="{}", help="JSON of extra rl options (e.g. '{\"ppo_epochs\": 3}')")
+    ap.add_argument("--transfer", default="", help=f"held-out graph/cluster,... for the pre-trained policy "
+                                                   f"(e.g. {','.join(HELD_OUT)})")
+    ap.add_argument("--policy", default="gdp", help="pre-trained policy: a folder or a bundled name")
+    ap.add_argument("--finetune", type=float, default=60.0, help="fine-tune / sa seconds in the transfer table")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    from placetool.rl.tfutil import tf
 
-    have = set(presets.list_graphs())
-    graphs = [g if g in have else FALLBACK.get(g, g) for g in a.graphs.split(",") if g]
-    cl = presets.load_cluster(a.cluster)
-    budget = Budget(evals=a.evals, seconds=a.seconds)
-    rows, curves = [], {}
-
-    policy_dir = None
-    if a.pretrain_seconds > 0:
-        from placetool.cli.main import main as cli_main
-
-        train = [g for g in PRETRAIN if g in have and g not in graphs] or ["synthetic-500", "synthetic-800"]
-        policy_dir = tempfile.mkdtemp(prefix="gdp-")
-        print(f"pre-training gdp on {', '.join(train)} for {a.pretrain_seconds:g} s", file=sys.stderr)
-        import contextlib
-
-        with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the table / JSON
-            try:
-                cli_main(["rl", "pretrain", "--graphs", ",".join(train), "--clusters", a.cluster, "--out", policy_dir,
-                          "--seconds", str(a.pretrain_seconds), "--json"])
-            except SystemExit as e:
-                if e.code:
-                    raise
-
-    for gname in graphs:
-        p = Problem(CostModel(presets.load_graph(gname), cl))
-        print(f"{gname}: {p.graph.n_ops} ops, {p.n_groups} groups", file=sys.stderr)
-        res = {}
-        for m in ("expert", "m-etf"):
-            r = one(m, p, Budget(evals=1, seconds=a.seconds), a.seed)
-            if r:
-                res[m] = r
-        for m in ("sa", "tpe"):
-            r = one(m, p, budget, a.seed)
-            if r:
-                res[m] = r
-        for pol in [s for s in a.policies.split(",") if s]:
-            r = one("rl", p, budget, a.seed, policy=pol)
-            if r:
-                res[f"rl-{pol}"] = r
-        if policy_dir:
-            r = one("rl", p, Budget(evals=1), a.seed, init_from=policy_dir)
-            if r:
-                res["gdp zero-shot"] = r
-            r = one("rl", p, budget, a.seed, init_from=policy_dir)
-            if r:
-                res["gdp fine-tuned"] = r
-        ref_names = [m for m in ("expert", "m-etf", "sa", "tpe") if m in res and res[m]["feasible"]]
-        ref = min((res[m]["best"] for m in ref_names), default=np.nan)
-        for m, r in res.items():
-            rows.append({"graph": gname, "method": m, **{k: v for k, v in r.items() if k != "history"},
-                         "vs_best_non_neural": r["best"] / ref if np.isfinite(ref) else None})
-            curves[(gname, m)] = r["history"]
-
-    if a.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, len(graphs), figsize=(5 * len(graphs), 4), squeeze=False)
-        for ax, gname in zip(axes[0], graphs):
-            for (g, m), h in curves.items():
-                if g == gname and len(h) > 1:
-                    e, _, b = zip(*h)
-                    ax.step(e, np.array(b) / 1e3, where="post", label=m)
-            ax.set_title(gname)
-            ax.set_xlabel("evaluations")
-            ax.set_ylabel("best step time (ms)")
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(a.plot, dpi=100)
-
+    tf()  # TensorFlow's start-up is not charged to the first instance
+    # nor the compilation of the simulators and schedulers (numba) to the first method run
+    warm = problem("synthetic-200/k80x4")
+    for m in ("sa", "rl"):
+        run(m, warm, Budget(evals=300), seed=0)
+    rows, trows = [], []
+    for inst in [s for s in a.instances.split(",") if s]:
+        print(f"{inst}: rl and sa, {a.seconds:g} s each ...", file=sys.stderr)
+        rows.append(search_row(inst, a.seconds, a.seed, json.loads(a.rl_options)))
+    for inst in [s for s in a.transfer.split(",") if s]:
+        print(f"{inst}: zero-shot, fine-tune and sa {a.finetune:g} s ...", file=sys.stderr)
+        trows.append(transfer_row(inst, a.policy, a.finetune, a.seed))
     if a.json:
-        print(json.dumps({"cluster": a.cluster, "evals": a.evals, "seconds": a.seconds, "rows": rows,
-                          "curves": {f"{g}/{m}": h for (g, m), h in curves.items()}}, default=float))
+        print(json.dumps({"seconds": a.seconds, "search": rows, "transfer": trows}, default=float, indent=1))
         return 0
-    print(f"cluster {a.cluster}, budget {a.evals} evaluations (capped at {a.seconds:g} s) per method")
-    print(f"{'graph':<14} {'method':<18} {'evals':>6} {'secs':>6} {'best@25%':>10} {'best@50%':>10} "
-          f"{'best (ms)':>10} {'vs best non-neural':>19}")
-    for r in rows:
-        def ms(x):
-            return f"{x / 1e3:10.2f}" if np.isfinite(x) else f"{'-':>10}"
-        vs = f"{r['vs_best_non_neural']:.3f}" if r["vs_best_non_neural"] else "-"
-        print(f"{r['graph']:<14} {r['method']:<18} {r['evals']:>6} {r['seconds']:>6.1f} {ms(r['at25'])} "
-              f"{ms(r['at50'])} {ms(r['best'])} {vs:>19}")
+    if rows:
+        print(f"{'instance':<20} {'warm start':>22} {'rl (µs)':>10} {'vs warm':>8} {'sa (µs)':>10} {'rl/sa':>6} "
+              f"{'rl samples/s':>12} {'sa evals/s':>10}  source of rl's best")
+        for r in rows:
+            ws = f"{r['warm_start']} {r['warm_start_us']:.0f}" if r["warm_start_us"] else "-"
+            vs = f"{r['rl_vs_warm']:.3f}" if r["rl_vs_warm"] else "-"
+            print(f"{r['instance']:<20} {ws:>22} {r['rl_us']:>10.1f} {vs:>8} {r['sa_us']:>10.1f} {r['rl_vs_sa']:>6.3f} "
+                  f"{r['rl_samples_per_s']:>12.1f} {r['sa_evals_per_s']:>10.1f}  {r['rl_source']}")
+    if trows:
+        print(f"\n{'held-out instance':<20} {'zero-shot (µs)':>14} {'time (s)':>8} {'fine-tuned':>11} {'sa':>10} "
+              f"{'zero/sa':>8} {'tuned/sa':>8}")
+        for r in trows:
+            ft = f"{r['finetuned_us']:>11.1f} {r['sa_us']:>10.1f} {r['zero_shot_vs_sa']:>8.3f} {r['finetuned_vs_sa']:>8.3f}" \
+                if "sa_us" in r else ""
+            print(f"{r['instance']:<20} {r['zero_shot_us']:>14.1f} {r['zero_shot_s']:>8.2f} {ft}")
     return 0
 
 

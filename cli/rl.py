@@ -34,7 +34,8 @@ def rl():
 @graph_option(multiple=True, required=True, name="graphs", old=("--graphs",),
               help="Graphs to train on (names or paths; repeatable, or comma-separated).")
 @cluster_option(multiple=True, name="clusters", old=("--clusters",),
-                help="Clusters, all with the same number of devices (repeatable, or comma-separated).")
+                help="Clusters (gdp: any sizes up to 16 devices; other policies: one device count); "
+                     "repeatable, or comma-separated.")
 @out_option("Folder to save the policy in.", required=True, folder=True)
 @click.option("--policy", default="gdp", show_default=True, help="seq2seq, hierarchical or gdp.")
 @budget_options(seconds_help="Stop after this many seconds (default 120 when no budget is given).",
@@ -44,12 +45,14 @@ def rl():
         help="Training steps (each samples every graph); prefer --budget-evals.")
 @click.option("--samples", type=click.IntRange(min=1), default=32, show_default=True,
               help="Placements per graph and step.")
+@click.option("--per-step", "per_step", type=click.IntRange(min=1), default=None,
+              help="Problems (graph x cluster) sampled per step, in rotation (default: all).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--logdir", type=click.Path(file_okay=False), default=None, help="TensorBoard scalars and checkpoints.")
 @json_option
 @quiet_option
-def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps, samples, seed, logdir, as_json,
-             quiet):
+def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps, samples, per_step, seed, logdir,
+             as_json, quiet):
     """Train one policy on several graphs at once and save it to OUT.
 
     The per-problem residual logits are off here, so everything the policy learns is in
@@ -73,7 +76,7 @@ def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps,
         for g in graphs:
             problems.append(Problem(CostModel(presets.load_graph(g), cl)))
     nd = {p.n_devices for p in problems}
-    if len(nd) > 1:
+    if len(nd) > 1 and policy != "gdp":
         raise UserError(f"rl pretrain: clusters {', '.join(clusters)} have different device counts {sorted(nd)}; "
                         f"a policy places on one number of devices")
     from placetool.rl import policies
@@ -82,9 +85,9 @@ def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps,
 
     tf()
     set_seed(seed)
-    pol = policies.make(policy, nd.pop(), seed=seed, residual=False)
+    pol = policies.make(policy, max(nd), seed=seed, residual=False)
     # without residual tables only the network learns: give it a larger step size
-    cfg = TrainConfig(samples=samples, lr=1e-3)
+    cfg = TrainConfig(samples=samples, lr=1e-3, baseline="loo", tasks_per_step=per_step)
     t0 = time.perf_counter()
 
     def progress(step, out_):
@@ -92,6 +95,10 @@ def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps,
             click.echo(f"step {step:5d}  {time.perf_counter() - t0:7.1f} s  mean step {fmt_us(out_.get('mean_step_us', float('nan')))}"
                        f"  entropy {out_.get('entropy', float('nan')):.3f}", err=True)
 
+    if logdir:  # each run in its own subfolder, as search --method rl does
+        from placetool.rl.method import run_folder
+
+        logdir = str(run_folder(logdir, f"pretrain-{policy}-s{seed}"))
     trainer = Trainer(pol, problems, cfg, seed=seed, logdir=logdir, progress=progress)
     done = None if budget_evals is None else (lambda: trainer.samples_seen >= budget_evals)
     try:
@@ -110,6 +117,9 @@ def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps,
         a = pol.assignment(t.atoms, pol.greedy(t.obs))[0]
         greedy[f"{t.problem.graph.name}@{t.problem.cluster.name}"] = float(t.problem.cost_model.simulate(a).step_time_us)
     summary["greedy_step_us"] = greedy
+    summary["recipe"] = {"graphs": graphs, "clusters": clusters, "policy": policy, "steps": steps,
+                         "seconds": budget_seconds, "evals": budget_evals, "samples": samples, "per_step": per_step,
+                         "seed": seed}
     trainer.policy.save(out, extra=summary)
     result = {"out": out, "policy": policy, **summary}
     if as_json:

@@ -244,6 +244,10 @@ def _print_human(g, cl, obj, baselines, out) -> None:
     click.echo(f"step time   {fmt_us(step)}   (lower bound {fmt_us(lb)}{gap})")
     click.echo(f"feasible    {'yes' if obj['feasible'] else 'NO: ' + str(obj['reason'])}")
     click.echo(f"searched    {obj['evaluations']:,} placements in {obj['seconds']:.2f} s")
+    meta = obj.get("metadata") or {}
+    if meta.get("source"):  # where the best placement came from, when the method says
+        vs = meta.get("vs_warm_start")
+        click.echo(f"source      {meta['source']}" + (f" ({vs:.3f}x the warm start)" if vs else ""))
     click.echo("devices     " + ", ".join(f"{n}: {c} ops" for n, c in obj["ops_per_device"].items() if c))
     for b, r in baselines.items():
         rel = f"{r['step_time_us'] / step:.2f}x ours" if step > 0 and np.isfinite(step) else ""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from .features import TYPE_BUCKETS, group_features
+from .features import COL_TOPO, group_features
 
 
 class PlacementEnv(gym.Env):
@@ -33,7 +33,7 @@ class PlacementEnv(gym.Env):
         self.problem = problem
         self.penalty = float(penalty)
         self.atoms = group_features(problem)
-        self.order = np.argsort(self.atoms.x[:, TYPE_BUCKETS + 8], kind="stable")  # topological position
+        self.order = np.argsort(self.atoms.x[:, COL_TOPO], kind="stable")
         self.n, self.D = problem.n_groups, problem.n_devices
         self.scale = max(problem.lower_bound_us(), 1e-9)
         tmin = np.where(problem.allowed, problem.group_time, np.inf).min(axis=1)

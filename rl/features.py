@@ -25,8 +25,25 @@ from dataclasses import dataclass
 import numpy as np
 
 TYPE_BUCKETS = 32
+#: log1p(bytes) and log1p(FLOPs) are divided by these so that features sit near [0, 1]
+BYTES_SCALE = 20.0
+FLOPS_SCALE = 25.0
+# the columns after the type histogram, in order
+COL_OPS = TYPE_BUCKETS          # log1p(ops in the atom)
+COL_OUT_BYTES = TYPE_BUCKETS + 1
+COL_PARAM_BYTES = TYPE_BUCKETS + 2
+COL_FLOPS = TYPE_BUCKETS + 3
+COL_BYTES_IN = TYPE_BUCKETS + 4
+COL_BYTES_OUT = TYPE_BUCKETS + 5
+COL_DEG_IN = TYPE_BUCKETS + 6
+COL_DEG_OUT = TYPE_BUCKETS + 7
+COL_TOPO = TYPE_BUCKETS + 8     # mean topological position of the atom's ops, 0..1
+COL_T_CPU = TYPE_BUCKETS + 9
+COL_T_GPU = TYPE_BUCKETS + 10
 #: columns before the per-device ``allowed`` block
 N_BASE = TYPE_BUCKETS + 11
+#: log-scaled sums (coarsening adds them in linear space) and their scales
+LOG_SUM_SCALES = {COL_OUT_BYTES: BYTES_SCALE, COL_PARAM_BYTES: BYTES_SCALE, COL_FLOPS: FLOPS_SCALE}
 
 
 def type_bucket(op_type: str) -> int:
@@ -52,6 +69,8 @@ class AtomGraph:
     members: np.ndarray
     group_time: np.ndarray
     name: str = ""
+    #: op-level features (only the GDP encoder reads them; None after coarsening)
+    ops: "OpFeatures | None" = None
 
     @property
     def n(self) -> int:
@@ -64,6 +83,18 @@ class AtomGraph:
     def expand(self, atom_assignment: np.ndarray) -> np.ndarray:
         """Group assignment(s) of the problem from atom assignment(s) (... x n)."""
         return np.ascontiguousarray(np.asarray(atom_assignment)[..., self.members], dtype=np.int32)
+
+
+def _kind_time_features(t, kinds) -> np.ndarray:
+    """(n x 2) log compute time on the fastest CPU and GPU relative to the mean; -1 where none."""
+    t_kind = []
+    for k in ("cpu", "gpu"):
+        cols = np.flatnonzero(kinds == k)
+        t_kind.append(t[:, cols].min(axis=1) if cols.size else np.full(len(t), np.inf))
+    t_kind = np.stack(t_kind, axis=1)
+    finite = np.isfinite(t_kind)
+    ref = np.mean(t_kind[finite]) if finite.any() else 1.0
+    return np.where(finite, np.log1p(np.where(finite, t_kind, 0.0) / max(ref, 1e-9)), -1.0)
 
 
 def group_features(problem) -> AtomGraph:
@@ -94,19 +125,12 @@ def group_features(problem) -> AtomGraph:
     topo = np.bincount(grp, weights=g.topo_rank, minlength=G) / n_ops / max(g.n_ops - 1, 1)
     gt = problem.group_time
     kinds = np.array(problem.cluster.kinds)
-    t_kind = []
-    for k in ("cpu", "gpu"):
-        cols = np.flatnonzero(kinds == k)
-        t = gt[:, cols].min(axis=1) if cols.size else np.full(G, np.inf)
-        t_kind.append(t)
-    t_kind = np.stack(t_kind, axis=1)
-    finite = np.isfinite(t_kind)
-    ref = np.mean(t_kind[finite]) if finite.any() else 1.0
-    t_feat = np.where(finite, np.log1p(np.where(finite, t_kind, 0.0) / max(ref, 1e-9)), -1.0)
+    t_feat = _kind_time_features(gt, kinds)
     x = np.concatenate([
         hist,
-        np.stack([np.log1p(n_ops), np.log1p(out_b) / 20, np.log1p(par_b) / 20, np.log1p(flops) / 25,
-                  np.log1p(b_in) / 20, np.log1p(b_out) / 20, np.log1p(deg_in), np.log1p(deg_out), topo], axis=1),
+        np.stack([np.log1p(n_ops), np.log1p(out_b) / BYTES_SCALE, np.log1p(par_b) / BYTES_SCALE,
+                  np.log1p(flops) / FLOPS_SCALE, np.log1p(b_in) / BYTES_SCALE, np.log1p(b_out) / BYTES_SCALE,
+                  np.log1p(deg_in), np.log1p(deg_out), topo], axis=1),
         t_feat,
         problem.allowed.astype(np.float64),
     ], axis=1).astype(np.float32)
@@ -129,8 +153,7 @@ def coarsen(atoms: AtomGraph, max_groups: int) -> AtomGraph:
     n = atoms.n
     if n <= max_groups:
         return atoms
-    topo_col = TYPE_BUCKETS + 8
-    order = np.argsort(atoms.x[:, topo_col], kind="stable")
+    order = np.argsort(atoms.x[:, COL_TOPO], kind="stable")
     patterns, pat = np.unique(atoms.allowed, axis=0, return_inverse=True)
     pat = pat.reshape(-1)
     label = np.empty(n, np.int64)
@@ -151,17 +174,15 @@ def coarsen(atoms: AtomGraph, max_groups: int) -> AtomGraph:
     S = next_id
     x = atoms.x.astype(np.float64)
     cnt = np.bincount(label, minlength=S).astype(np.float64)
-    n_ops = np.expm1(x[:, TYPE_BUCKETS])
+    n_ops = np.expm1(x[:, COL_OPS])
     sn_ops = np.bincount(label, weights=n_ops, minlength=S)
     xs = np.zeros((S, x.shape[1]))
     for c in range(TYPE_BUCKETS):  # histogram weighted by op counts
         xs[:, c] = np.bincount(label, weights=x[:, c] * n_ops, minlength=S) / sn_ops
-    xs[:, TYPE_BUCKETS] = np.log1p(sn_ops)
-    scales = {1: 20, 2: 20, 3: 25}
-    for j, sc in scales.items():  # log-sums
-        c = TYPE_BUCKETS + j
+    xs[:, COL_OPS] = np.log1p(sn_ops)
+    for c, sc in LOG_SUM_SCALES.items():
         xs[:, c] = np.log1p(np.bincount(label, weights=np.expm1(x[:, c] * sc), minlength=S)) / sc
-    for c in list(range(TYPE_BUCKETS + 4, N_BASE)) + list(range(N_BASE, x.shape[1])):  # means
+    for c in range(COL_FLOPS + 1, x.shape[1]):  # means (the rest of the base columns and allowed)
         xs[:, c] = np.bincount(label, weights=x[:, c], minlength=S) / cnt
     ls, ld = label[atoms.src], label[atoms.dst]
     keep = ls != ld
@@ -181,3 +202,46 @@ def featurize(problem, max_groups: int | None = None) -> AtomGraph:
     """Group features of ``problem``, coarsened to ``max_groups`` super-groups if given."""
     a = group_features(problem)
     return coarsen(a, max_groups) if max_groups else a
+
+
+#: numeric columns of :func:`op_features` (besides the op-type bucket)
+OP_NUMERIC = 7
+
+
+@dataclass
+class OpFeatures:
+    """Per-op inputs of the GDP encoder: what GraphSAGE reads before pooling per group.
+
+    ``type_id`` (ops,) hashed op-type bucket; ``x`` (ops x OP_NUMERIC) log FLOPs, output,
+    parameter and input bytes, topological position, log time on the fastest CPU / GPU;
+    ``src``/``dst`` the data edges with ``w`` log bytes / BYTES_SCALE; ``group`` each op's
+    colocation group. Nothing here depends on the number of devices, so one encoder
+    reads graphs for any cluster.
+    """
+
+    type_id: np.ndarray
+    x: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    w: np.ndarray
+    group: np.ndarray
+
+
+def op_features(problem) -> OpFeatures:
+    """Op-level features of ``problem`` (linear in ops + edges)."""
+    g = problem.graph
+    buckets = {t: type_bucket(t) for t in set(g.op_types)}
+    tb = np.fromiter((buckets[t] for t in g.op_types), np.int32, g.n_ops)
+    T = problem.cost_model.T
+    kinds = np.array(problem.cluster.kinds)
+    x = np.concatenate([
+        np.stack([np.log1p(g.flops) / FLOPS_SCALE, np.log1p(g.out_bytes) / BYTES_SCALE,
+                  np.log1p(g.param_bytes) / BYTES_SCALE, np.log1p(g.in_bytes) / BYTES_SCALE,
+                  g.topo_rank / max(g.n_ops - 1, 1)], axis=1),
+        _kind_time_features(np.where(np.isfinite(T), T, np.inf), kinds),
+    ], axis=1).astype(np.float32)
+    assert x.shape[1] == OP_NUMERIC
+    w = (np.log1p(g.edge_bytes.astype(np.float64)) / BYTES_SCALE).astype(np.float32)
+    return OpFeatures(type_id=tb, x=np.ascontiguousarray(x), src=np.ascontiguousarray(g.edge_src, dtype=np.int32),
+                      dst=np.ascontiguousarray(g.edge_dst, dtype=np.int32), w=w,
+                      group=np.ascontiguousarray(g.group, dtype=np.int32))

@@ -1,23 +1,28 @@
 """``placetool search --method rl``: train a policy on the problem with REINFORCE.
 
 Options (keyword arguments of the method; the CLI passes those it is given):
-``policy`` (seq2seq | hierarchical | gdp; default gdp, the fastest per step, or the saved one's kind with
+``policy`` (seq2seq | hierarchical | gdp; default gdp, or the saved one's kind with
 ``init_from``), ``init_from`` (a folder saved by ``placetool rl pretrain`` or by an
-earlier run's ``logdir``: fine-tune it, or with ``--budget-evals 1`` place zero-shot),
-``logdir`` (TensorBoard scalars and a checkpoint in ``logdir/policy``), ``warm_start``
-(default True: like ``sa`` and ``tpe``, score the cheap baselines first and start the
-policy's residual logits at the best of them; False: learn from the compute-time prior
-alone), plus policy knobs
-(``hidden``, ``max_groups``, ``n_groups``, ``tanh_c``, ``temperature``) and trainer knobs
-(see :class:`placetool.rl.trainer.TrainConfig`).
+earlier run, or the name of a bundled policy such as ``gdp``: fine-tune it, or with
+``--budget-evals 1`` place zero-shot), ``logdir`` (each run writes TensorBoard scalars
+and a checkpoint to its own subfolder), ``warm_start`` (default True: like ``sa`` and
+``tpe``, score the cheap baselines first and start the policy with that placement as its
+mode; False: learn from the network and compute-time prior alone), ``explore`` (with a
+warm start, how many groups a sample moves off the mode on average), plus policy knobs
+(``hidden``, ``max_groups``, ``n_groups``, ``tanh_c``, ``temperature``, ``layers``...)
+and trainer knobs (see :class:`placetool.rl.trainer.TrainConfig`).
 
-The budget is the search budget: every sampled placement is one evaluation. The method's
-own default, :data:`DEFAULT_BUDGET` (about 2 minutes on 2 cores), is what the demo uses.
+The budget is the search budget: every sampled placement is one evaluation. The result's
+metadata says where the best placement came from (``source``: ``warm start NAME`` or
+``policy at step N``) and how it compares with the warm start (``vs_warm_start``).
 """
 
 from __future__ import annotations
 
 import inspect
+import re
+import time
+from pathlib import Path
 
 import numpy as np
 
@@ -26,66 +31,137 @@ from placetool.search.base import Budget, SearchError, register
 DEFAULT_POLICY = "gdp"
 #: what ``placetool search --method rl`` should run with when the user gives no budget
 DEFAULT_BUDGET = Budget(seconds=120.0)
+#: trainer settings for a single search with the gdp policy (measured in benchmarks/README.md):
+#: the network frozen (lr 0: its logits are a fixed prior, and the residual table learns in
+#: closed-form numpy steps, ~5x the samples/s of a TF pass per step), leave-one-out baseline,
+#: plain gradient steps on the table large enough that a winning sample moves the mode
+GDP_SEARCH_DEFAULTS = {"lr": 0.0, "baseline": "loo", "residual_optimizer": "sgd", "residual_lr": 20.0,
+                       "samples": 32, "entropy": 0.0}
+#: the table's step size without a warm start: logits start near 0, where steps of 20
+#: collapse the policy onto its first lucky sample (measured on the tests' tiny problem)
+COLD_RESIDUAL_LR = 2.0
 
-_POLICY_KNOBS = {"hidden", "max_groups", "n_groups", "tanh_c", "temperature", "layers", "heads"}
+_POLICY_KNOBS = {"hidden", "max_groups", "n_groups", "tanh_c", "temperature", "layers", "heads", "group_layers",
+                 "max_devices"}
+
+
+def bundled_policy(name: str) -> Path | None:
+    """The folder of a policy shipped with placetool (``data/policies/NAME``), if any."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", str(name)):
+        return None
+    from placetool.costmodel.presets import data_dir
+
+    d = data_dir() / "policies" / name
+    return d if (d / "policy.json").is_file() else None
+
+
+def resolve_policy_folder(init_from) -> Path:
+    """A path as given, or a bundled policy's folder when no such path exists."""
+    p = Path(init_from)
+    if not p.exists():
+        b = bundled_policy(str(init_from))
+        if b is not None:
+            return b
+    return p
+
+
+def run_folder(logdir, label: str) -> Path:
+    """A fresh subfolder of ``logdir`` for one run: LABEL-date-time (-2, -3... if taken)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(logdir) / f"{label}-{stamp}"
+    d, i = base, 1
+    while d.exists():
+        i += 1
+        d = base.with_name(f"{base.name}-{i}")
+    return d
 
 
 @register("rl", budget=DEFAULT_BUDGET, summary="REINFORCE placement policies (TensorFlow; see `placetool rl`)")
 def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None, logdir=None,
-       warm_start: bool = True, **options):
+       warm_start: bool = True, explore: float = 4.0, **options):
     """REINFORCE with a seq2seq / hierarchical / GDP policy; metadata says what it learnt."""
     from . import policies
     from .tfutil import set_seed, tf
     from .trainer import TrainConfig, Trainer
 
     knobs = {k: options.pop(k) for k in list(options) if k in _POLICY_KNOBS}
-    cfg = TrainConfig.from_options(options)
     if policy is not None and policy not in policies.POLICIES:
         raise SearchError(f"unknown policy {policy!r} (known: {', '.join(policies.POLICIES)})")
+    if not explore > 0:
+        raise SearchError(f"rl: explore must be positive, got {explore!r}")
+    folder = resolve_policy_folder(init_from) if init_from is not None else None
+    kind = policy or (policies.saved_kind(folder) if folder is not None else DEFAULT_POLICY)
+    cfg = TrainConfig.from_options({**(GDP_SEARCH_DEFAULTS if kind == "gdp" else {}), **options})
     tf()  # user mistakes above are reported before TensorFlow loads
     set_seed(seed)
     residual = None
-    if init_from is not None:
+    if folder is not None:
         if knobs:
             raise SearchError(f"rl: {', '.join(sorted(knobs))} cannot change a policy loaded with init_from")
-        pol, meta = policies.load(init_from, expect_policy=policy, n_devices=problem.n_devices)
+        pol, meta = policies.load(folder, expect_policy=policy, n_devices=problem.n_devices)
         # a policy pre-trained without its residual table fine-tunes with one
         if not pol.residual:
             pol.residual = True
         residual = policies.saved_residual(meta, problem, pol.atoms_for(problem))
     else:
-        kind = policy or DEFAULT_POLICY
         ok = set(inspect.signature(policies.POLICIES[kind].__init__).parameters) | {"hidden", "max_groups",
                                                                                     "tanh_c", "temperature"}
         bad = sorted(set(knobs) - ok)
         if bad:
             raise SearchError(f"rl: policy {kind!r} has no option {', '.join(bad)}")
         pol = policies.make(kind, problem.n_devices, seed=seed, **knobs)
-    seeded = None
-    if warm_start and init_from is None and pol.residual:
-        residual, seeded = _warm_start(pol, problem, budget, seed, tracker)
-    trainer = Trainer(pol, [problem], cfg, seed=seed, trackers=[tracker], logdir=logdir, residuals=[residual])
+    seeded, start_us = None, None
+    if warm_start and residual is None and folder is None and pol.residual:
+        residual, seeded = _warm_start(pol, problem, budget, seed, tracker, explore)
+        if seeded is not None:
+            start_us = tracker.best_step_us
+    if kind == "gdp" and seeded is None and "residual_lr" not in options:
+        cfg.residual_lr = COLD_RESIDUAL_LR
+    label = f"{problem.graph.name}-{problem.cluster.name}-{pol.kind}-s{seed}"
+    run_dir = run_folder(logdir, label) if logdir else None
+    trainer = Trainer(pol, [problem], cfg, seed=seed, trackers=[tracker], logdir=run_dir, residuals=[residual])
+    task = trainer.tasks[0]
+    task.start_us = start_us
     summary = trainer.train(done=tracker.done)
-    atoms = trainer.tasks[0].atoms
+    atoms = task.atoms
+    if seeded is not None and not (task.best < start_us):
+        source = f"warm start {seeded}"
+    elif task.best_step is not None:
+        source = f"policy at step {task.best_step}" + (" (zero-shot)" if folder is not None and task.best_step == 0
+                                                      and summary["steps"] <= 1 else "")
+    else:
+        source = "policy (no feasible placement found)"
     return {"policy": pol.kind, "atoms": atoms.n, "groups": problem.n_groups,
             "coarsened": atoms.n < problem.n_groups, "steps": summary["steps"],
-            "samples_per_step": cfg.samples, "init_from": str(init_from) if init_from else None,
-            "logdir": str(logdir) if logdir else None, "warm_start": seeded}
+            "samples_per_step": cfg.samples, "init_from": str(folder) if folder is not None else None,
+            "logdir": str(run_dir) if run_dir else None, "warm_start": seeded,
+            "warm_start_us": start_us, "mode_start_us": task.mode_start_us, "source": source,
+            "vs_warm_start": (tracker.best_step_us / start_us) if start_us else None,
+            "samples_per_second": summary["samples"] / max(summary["seconds"], 1e-9)}
 
 
-#: logit given to the warm-start device of each atom: after the C=5 tanh clip the margin
-#: is about 4, i.e. ~93% on that device with 5 devices, so samples explore around it
+#: logit given to the warm-start device of each atom by the coarse policies (seq2seq):
+#: after the C=5 tanh clip the margin is about 4, so samples explore around it
 WARM_LOGIT = 5.5
 
 
-def _warm_start(pol, problem, budget, seed, tracker):
-    """Residual tables that start the policy near the best cheap placement.
+def warm_margin(atoms, explore: float) -> np.ndarray:
+    """Per-atom logit margin of the warm-start device over each other allowed device such
+    that a sample moves about ``explore`` atoms off the warm start in all: an atom with
+    k allowed devices leaves with probability ~ (k-1) e^-m = explore / atoms."""
+    k = atoms.allowed.sum(axis=1)
+    return np.maximum(np.log(np.maximum(k - 1, 1) * atoms.n / explore), 1.0).astype(np.float32)
+
+
+def _warm_start(pol, problem, budget, seed, tracker, explore):
+    """Residual tables that make the best cheap placement the policy's mode.
 
     Like ``sa`` and ``tpe``, the cheap baselines and list schedulers registered in
     :func:`placetool.search.seed_methods` are scored first (through the tracker, so they
-    count against the budget, with at most 20% of a time budget); each atom's device is
-    the most common device of its groups in the best of them. Returns (tables or None,
-    name of the seed used or None).
+    count against the budget, with at most 20% of a time budget). For gdp (one atom per
+    group) the table reproduces that placement exactly as the argmax; for the coarse
+    policies each atom's device is the most common device of its groups. Returns (tables
+    or None, name of the seed used or None).
     """
     try:
         from placetool.search.annealing import seed_assignments
@@ -94,7 +170,10 @@ def _warm_start(pol, problem, budget, seed, tracker):
     seeds, _ = seed_assignments(problem, budget, seed, tracker, share=0.2)
     if not seeds:
         return None, None
-    _, name, a = seeds[0]
+    # the seed the tracker holds as best (feasible first), so the warm start is the result so far
+    best = tracker.best_assignment
+    match = [(n, a) for _, n, a in seeds if best is not None and np.array_equal(a, best)]
+    name, a = match[0] if match else (seeds[0][1], seeds[0][2])
     atoms = pol.atoms_for(problem)
     priors = pol.residual_priors(atoms)
     if priors[0].shape != (atoms.n, problem.n_devices):  # the hierarchical grouper: no device table
@@ -103,6 +182,9 @@ def _warm_start(pol, problem, budget, seed, tracker):
     np.add.at(votes, (atoms.members, a), 1.0)
     votes[~atoms.allowed] = -1.0
     dev = np.argmax(votes, axis=1)
+    if hasattr(pol, "warm_table"):
+        table = pol.warm_table(pol.obs(atoms), atoms, dev, warm_margin(atoms, explore))
+        return [table, *priors[1:]], name
     table = np.zeros_like(priors[0])
     table[np.arange(atoms.n), dev] = WARM_LOGIT
     return [table, *priors[1:]], name

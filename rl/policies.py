@@ -26,11 +26,11 @@ import numpy as np
 
 from placetool.costmodel.errors import UserError, atomic_write
 
-from .features import N_BASE, AtomGraph, featurize
+from .features import N_BASE, OP_NUMERIC, TYPE_BUCKETS, AtomGraph, featurize, group_features, op_features
 from .tfutil import tf as _tf
 
 FORMAT = "placetool.rl-policy"
-VERSION = 1
+VERSION = 2
 NEG = -1e9
 
 
@@ -168,6 +168,10 @@ class Policy:
             "inv_in": tf.constant((1.0 / np.maximum(deg_in, 1.0)).astype(np.float32)[:, None]),
             "inv_out": tf.constant((1.0 / np.maximum(deg_out, 1.0)).astype(np.float32)[:, None]),
             **{f"bias{i or ''}": b for i, b in enumerate(biases)},
+            # a static part of every compiled function's cache key: a residual table is a
+            # tf.Variable, whose shape a relaxed trace would otherwise take from the first problem
+            # (pre-training has no tables: one relaxed trace then serves every graph)
+            "shapes": (int(atoms.n), int(atoms.n_devices)) if self.residual else None,
         }
 
     def residual_priors(self, atoms: AtomGraph) -> list[np.ndarray]:
@@ -223,6 +227,15 @@ class Policy:
         atomic_write(folder / "policy.json", json.dumps(meta, indent=1) + "\n")
 
 
+def saved_kind(folder) -> str:
+    """The policy kind saved in ``folder`` (PolicyError if there is none)."""
+    mpath = Path(folder) / "policy.json"
+    try:
+        return str(json.loads(mpath.read_text())["config"]["policy"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise PolicyError(f"{folder}: no saved policy (policy.json missing or unreadable)") from None
+
+
 def load(folder, expect_policy: str | None = None, n_devices: int | None = None) -> tuple["Policy", dict]:
     """A saved policy and its metadata; PolicyError when it does not fit what is asked."""
     folder = Path(folder)
@@ -240,9 +253,14 @@ def load(folder, expect_policy: str | None = None, n_devices: int | None = None)
     kind = cfg.pop("policy")
     if expect_policy is not None and expect_policy != kind:
         raise PolicyError(f"{folder} holds a {kind!r} policy, not {expect_policy!r}")
-    if n_devices is not None and cfg["n_devices"] != n_devices:
+    if n_devices is not None and kind != "gdp" and cfg["n_devices"] != n_devices:
         raise PolicyError(f"{folder}: policy was trained for {cfg['n_devices']} devices; "
                           f"this cluster has {n_devices}")
+    if n_devices is not None and kind == "gdp" and n_devices > cfg.get("max_devices", 0):
+        raise PolicyError(f"{folder}: policy places on at most {cfg.get('max_devices')} devices; "
+                          f"this cluster has {n_devices}")
+    if kind == "gdp" and n_devices is not None:
+        cfg["n_devices"] = n_devices  # the device slots are sliced to the cluster at hand
     pol = make(kind, **cfg)
     try:
         with np.load(folder / "weights.npz", allow_pickle=False) as z:
@@ -508,74 +526,154 @@ class Hierarchical(Policy):
 
 # --------------------------------------------------------------------------- gdp
 class GDP(Policy):
-    """GDP-style (Zhou et al. 2019): GraphSAGE over the atom graph, then a self-attention
-    placer that scores every atom's devices at once (factorised over atoms).
+    """GDP-style (Zhou et al. 2019) placer that acts on every colocation group.
 
-    The weights do not depend on the graph's size, so one policy trains on several graphs
-    and places graphs it has never seen (zero-shot) on clusters with the same number of
-    devices.
+    Encoder: GraphSAGE (mean aggregation over predecessors and successors) over the *op*
+    graph, each op starting from an embedding of its hashed type and its sizes and
+    times; op states are mean-pooled per colocation group, joined with the group's own
+    features, and refined by GraphSAGE over the group graph plus a graph-wide context
+    (the mean group state). Placer: every group's device logits at once, one forward
+    pass linear in ops + edges (no sequence, no all-pairs attention), so gnmt8's 51k ops
+    place in one pass on a CPU.
+
+    Devices are output slots (``max_devices`` of them, sliced to the cluster's count), and
+    a learnt multiple of the compute-time prior (log time on the device over the
+    fastest allowed one) is added to them, so one policy places on clusters of any size
+    up to ``max_devices`` and prefers fast devices from the start. The residual table
+    (per group and device, per problem) is added *after* the tanh clip, so it can pin a
+    placement exactly: :meth:`warm_table` makes the policy's mode any given placement.
     """
 
     kind = "gdp"
-    default_max_groups = 512
+    default_max_groups = None
 
-    def __init__(self, n_devices, layers: int = 2, heads: int = 2, **kw):
-        self.layers, self.heads = int(layers), int(heads)
+    def __init__(self, n_devices, layers: int = 2, group_layers: int = 2, max_devices: int = 16, **kw):
+        self.layers, self.group_layers, self.max_devices = int(layers), int(group_layers), int(max_devices)
+        if kw.get("max_groups", -1) not in (-1, None):
+            raise PolicyError("policy 'gdp' places every colocation group; it has no max_groups")
         super().__init__(n_devices, **kw)
+        if self.n_devices > self.max_devices:
+            raise PolicyError(f"policy 'gdp' with max_devices={self.max_devices} cannot place on {self.n_devices} devices")
 
     def extra_config(self):
-        return {"layers": self.layers, "heads": self.heads}
+        return {"layers": self.layers, "group_layers": self.group_layers, "max_devices": self.max_devices}
+
+    def check_problem(self, problem) -> None:
+        if problem.n_devices > self.max_devices:
+            raise PolicyError(f"policy 'gdp' places on at most {self.max_devices} devices; cluster "
+                              f"{problem.cluster.name!r} has {problem.n_devices}")
+
+    def atoms_for(self, problem) -> AtomGraph:
+        self.check_problem(problem)
+        a = group_features(problem)
+        a.ops = op_features(problem)
+        return a
+
+    def residual_priors(self, atoms):
+        """The residual table starts at zero: the compute-time prior is a network input."""
+        return [np.zeros((atoms.n, atoms.n_devices), np.float32)]
 
     def build(self):
         H = self.hidden
-        self.inp = self.p.dense(self.n_features, H)
-        self.sage = [self.p.dense(3 * H, H) for _ in range(self.layers)]
-        self.q, self.k, self.v, self.o = (self.p.dense(H, H) for _ in range(4))
-        self.f1 = self.p.dense(H, 2 * H)
-        self.f2 = self.p.dense(2 * H, H)
-        self.head = self.p.dense(H, self.n_devices)
+        self.type_emb = self.p.table(TYPE_BUCKETS, H)
+        self.op_in = self.p.dense(OP_NUMERIC, H)
+        self.op_sage = [self.p.dense(3 * H, H) for _ in range(self.layers)]
+        self.grp_in = self.p.dense(H + N_BASE, H)
+        self.grp_sage = [self.p.dense(3 * H, H) for _ in range(self.group_layers)]
+        self.ctx = self.p.dense(H, H)
+        self.head = self.p.dense(H, self.max_devices)
+        self.prior_w = self.tf.Variable(np.float32(1.0))
+        self.p.vars.append(self.prior_w)
         tf = self.tf
         self._sample = tf.function(self._sample_impl, reduce_retracing=True)
         self._logp = tf.function(self._logp_impl, reduce_retracing=True)
+        self._net = tf.function(self._net_logits, reduce_retracing=True)
+
+    def obs(self, atoms, residual=None):
+        o = super().obs(atoms, residual)
+        if atoms.ops is None:
+            raise PolicyError("policy 'gdp' needs op-level features (use policy.atoms_for(problem))")
+        tf, ops = self.tf, atoms.ops
+        n_op = len(ops.type_id)
+        ones = np.ones_like(ops.w)
+        deg_in = np.bincount(ops.dst, weights=ones, minlength=n_op)
+        deg_out = np.bincount(ops.src, weights=ones, minlength=n_op)
+        cnt = np.bincount(ops.group, minlength=atoms.n)
+        t = atoms.group_time
+        fast = np.min(t, axis=1, keepdims=True)
+        prior = np.where(atoms.allowed, -np.log(np.maximum(t, 1e-9) / np.maximum(fast, 1e-9)), 0.0)
+        o.update({
+            "op_type": tf.constant(ops.type_id, tf.int32), "op_x": tf.constant(ops.x),
+            "op_src": tf.constant(ops.src, tf.int32), "op_dst": tf.constant(ops.dst, tf.int32),
+            "op_w": tf.constant(ops.w[:, None] + 1.0),
+            "op_inv_in": tf.constant((1.0 / np.maximum(deg_in, 1.0)).astype(np.float32)[:, None]),
+            "op_inv_out": tf.constant((1.0 / np.maximum(deg_out, 1.0)).astype(np.float32)[:, None]),
+            "op_group": tf.constant(ops.group, tf.int32),
+            "inv_group": tf.constant((1.0 / np.maximum(cnt, 1)).astype(np.float32)[:, None]),
+            "prior": tf.constant(np.maximum(prior, -10.0).astype(np.float32)),
+        })
+        return o
+
+    def _sage(self, layers, h, src, dst, w, inv_in, inv_out):
+        tf = self.tf
+        n = tf.shape(h)[0]
+        for Ws, bs in layers:
+            m_in = tf.math.unsorted_segment_sum(tf.gather(h, src) * w, dst, n) * inv_in
+            m_out = tf.math.unsorted_segment_sum(tf.gather(h, dst) * w, src, n) * inv_out
+            h = tf.nn.relu(tf.matmul(tf.concat([h, m_in, m_out], -1), Ws) + bs)
+            h = tf.math.l2_normalize(h, axis=-1) * 4.0
+        return h
+
+    def _net_logits(self, obs):
+        """The network's clipped logits (groups x devices), before the residual table."""
+        tf = self.tf
+        W, b = self.op_in
+        h = tf.nn.relu(tf.gather(self.type_emb, obs["op_type"]) + tf.matmul(obs["op_x"], W) + b)
+        h = self._sage(self.op_sage, h, obs["op_src"], obs["op_dst"], obs["op_w"], obs["op_inv_in"], obs["op_inv_out"])
+        n = tf.shape(obs["x"])[0]
+        pooled = tf.math.unsorted_segment_sum(h, obs["op_group"], n) * obs["inv_group"]
+        W, b = self.grp_in
+        g = tf.nn.relu(tf.matmul(tf.concat([pooled, obs["x"][:, :N_BASE]], -1), W) + b)
+        g = self._sage(self.grp_sage, g, obs["src"], obs["dst"], obs["w"][:, None], obs["inv_in"], obs["inv_out"])
+        W, b = self.ctx
+        g = g + tf.nn.relu(tf.matmul(tf.reduce_mean(g, 0, keepdims=True), W) + b)
+        D = tf.shape(obs["mask"])[1]
+        W, b = self.head
+        raw = tf.matmul(g, W[:, :D]) + b[:D] + self.prior_w * obs["prior"]
+        c = self.tanh_c
+        return c * tf.tanh(raw / c)
 
     def _logits(self, obs):
         tf = self.tf
-        W, b = self.inp
-        h = tf.nn.relu(tf.matmul(obs["x"], W) + b)
-        n = tf.shape(h)[0]
-        src, dst, w = obs["src"], obs["dst"], obs["w"][:, None]
-        for Ws, bs in self.sage:  # GraphSAGE-mean over predecessors and successors
-            m_in = tf.math.unsorted_segment_sum(tf.gather(h, src) * w, dst, n) * obs["inv_in"]
-            m_out = tf.math.unsorted_segment_sum(tf.gather(h, dst) * w, src, n) * obs["inv_out"]
-            h = tf.nn.relu(tf.matmul(tf.concat([h, m_in, m_out], -1), Ws) + bs)
-            h = tf.math.l2_normalize(h, axis=-1) * 4.0
-        H, nh = self.hidden, self.heads
-        dh = H // nh
+        lg = (self._net_logits(obs) + obs["bias"]) / self.temperature
+        return tf.where(obs["mask"], lg, tf.cast(NEG, lg.dtype))
 
-        def heads(Wb):
-            return tf.transpose(tf.reshape(tf.matmul(h, Wb[0]) + Wb[1], [n, nh, dh]), [1, 0, 2])
+    def net_logits(self, obs) -> np.ndarray:
+        """Numpy (groups x devices) logits of the network alone (no residual table)."""
+        return self._net(obs).numpy()
 
-        q, k, v = heads(self.q), heads(self.k), heads(self.v)
-        a = tf.nn.softmax(tf.matmul(q, k, transpose_b=True) / np.sqrt(dh))
-        att = tf.reshape(tf.transpose(tf.matmul(a, v), [1, 0, 2]), [n, H])
-        h = h + tf.matmul(att, self.o[0]) + self.o[1]
-        h = h + tf.matmul(tf.nn.relu(tf.matmul(h, self.f1[0]) + self.f1[1]), self.f2[0]) + self.f2[1]
-        return self.shape_logits(tf.matmul(h, self.head[0]) + self.head[1] + obs["bias"], obs["mask"])  # n x D
+    def warm_table(self, obs, atoms, device, margin: float) -> np.ndarray:
+        """A residual table that makes the policy's logits exactly ``margin`` on ``device``
+        (one per atom) and 0 on the other devices: the mode is then ``device`` itself."""
+        target = np.zeros((atoms.n, atoms.n_devices), np.float32)
+        target[np.arange(atoms.n), device] = np.broadcast_to(np.asarray(margin, np.float32), (atoms.n,))
+        return (target * self.temperature - self.net_logits(obs)).astype(np.float32)
 
     def _sample_impl(self, obs, K, seed, greedy):
         tf = self.tf
         lg = self._logits(obs)
         if greedy:
             return (tf.tile(tf.argmax(lg, -1, output_type=tf.int32)[None], [K, 1]),)
-        n = tf.shape(lg)[0]
-        return (tf.argmax(lg[None] + _gumbel(tf, [K, n, self.n_devices], seed), -1, output_type=tf.int32),)
+        n, D = tf.shape(lg)[0], tf.shape(lg)[1]
+        return (tf.argmax(lg[None] + _gumbel(tf, [K, n, D], seed), -1, output_type=tf.int32),)
 
     def _logp_impl(self, obs, actions):
         tf = self.tf
         lg = self._logits(obs)
-        lp = tf.nn.log_softmax(lg)  # n x D
+        lp = tf.reshape(tf.nn.log_softmax(lg), [-1])  # n*D
+        n, D = tf.shape(lg)[0], tf.shape(lg)[1]
+        picked = tf.gather(lp, actions + tf.range(n)[None, :] * D)  # B x n
         B = tf.shape(actions)[0]
-        picked = tf.gather(tf.tile(lp[None], [B, 1, 1]), actions[..., None], batch_dims=2)[..., 0]
         return tf.reduce_sum(picked, 1), tf.fill([B], tf.reduce_mean(_entropy(tf, lg)))
 
 

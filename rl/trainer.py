@@ -37,12 +37,18 @@ class TrainConfig:
 
     samples: int = 64           # K placements per step and problem
     lr: float = 1e-4            # Adam learning rate of the network weights
-    residual_lr: float = 0.05   # Adam learning rate of the per-problem residual logits
+    residual_lr: float = 0.05   # learning rate of the per-problem residual logits
+    residual_optimizer: str = "adam"  # adam | sgd (plain steps: rarely-sampled entries stay put)
     clip_norm: float = 1.0      # global-norm gradient clipping
-    entropy: float = 0.01       # entropy bonus weight
+    entropy: float = 0.01       # entropy bonus weight at the start ...
+    entropy_end: float | None = None  # ... and at the end of the budget (None: constant)
+    baseline: str = "ema"       # ema: moving average of batch means; loo: leave-one-out mean of the other samples
     baseline_decay: float = 0.9  # EMA decay of the reward baseline
+    ppo_epochs: int = 1         # > 1: PPO-style clipped updates, this many passes over each batch
+    ppo_clip: float = 0.2       # ratio clip of the PPO objective
     penalty: float | None = None  # reward of an infeasible placement is -penalty (None: adaptive)
     greedy_every: int = 10      # also score the greedy placement every N steps
+    tasks_per_step: int | None = None  # multi-problem training: this many problems per step, in rotation
     checkpoint_every: int = 50  # steps between checkpoints (with a logdir)
 
     @classmethod
@@ -54,13 +60,79 @@ class TrainConfig:
         cfg = cls(**options)
         if cfg.samples < 1:
             raise UserError(f"rl: samples must be >= 1, got {cfg.samples}")
+        if cfg.baseline not in ("ema", "loo"):
+            raise UserError(f"rl: baseline must be 'ema' or 'loo', got {cfg.baseline!r}")
+        if cfg.residual_optimizer not in ("adam", "sgd"):
+            raise UserError(f"rl: residual_optimizer must be 'adam' or 'sgd', got {cfg.residual_optimizer!r}")
+        if cfg.ppo_epochs < 1:
+            raise UserError(f"rl: ppo_epochs must be >= 1, got {cfg.ppo_epochs}")
         return cfg
+
+
+def _compiled_apply(opt, variables):
+    """``opt.apply_gradients`` on ``variables`` as one compiled call (eager Keras
+    optimiser steps cost ~0.2 s each, more than the rest of a training step)."""
+    tf = _tf()
+    opt.build(variables)
+
+    def apply(grads):
+        opt.apply_gradients(zip(grads, variables))
+
+    return tf.function(apply, reduce_retracing=True)
+
+
+class _FrozenNetTable:
+    """A policy whose network is frozen (``lr == 0``): its logits are the network's,
+    computed once, plus the per-problem residual table, so sampling and the REINFORCE
+    step on the table are closed-form numpy (d log pi(a) / d logits = onehot(a) - p) —
+    an order of magnitude more samples per second than a TensorFlow pass per step."""
+
+    def __init__(self, policy, task):
+        self.net = np.asarray(policy.net_logits(task.obs), np.float64)
+        self.var = task.residual_vars[0]
+        self.table = self.var.numpy().astype(np.float64)
+        self.mask = task.atoms.allowed
+        self.T = policy.temperature
+        self.n, self.D = self.mask.shape
+
+    def logits(self):
+        return np.where(self.mask, (self.net + self.table) / self.T, -np.inf)
+
+    def probs(self):
+        lg = self.logits()
+        e = np.exp(lg - lg.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    def sample(self, K: int, seed) -> np.ndarray:
+        g = np.random.default_rng(seed).gumbel(size=(K, self.n, self.D))
+        return np.argmax(self.logits()[None] + g, axis=2).astype(np.int32)
+
+    def greedy(self) -> np.ndarray:
+        return np.argmax(self.logits(), axis=1).astype(np.int32)[None]
+
+    def update(self, acts, adv, lr: float, ent_w: float) -> float:
+        """One gradient-ascent step of mean_k(A_k log pi(a_k)) + ent_w * H on the table;
+        returns the mean entropy per group before the step."""
+        p = self.probs()
+        K = len(acts)
+        idx = (acts + (np.arange(self.n) * self.D)[None, :]).ravel()
+        g = np.bincount(idx, weights=np.repeat(np.asarray(adv, np.float64), self.n), minlength=self.n * self.D)
+        g = g.reshape(self.n, self.D) / K - float(np.mean(adv)) * p
+        logp = np.log(np.maximum(p, 1e-30))
+        ent = -(p * logp).sum(axis=1)
+        if ent_w:
+            g += ent_w * (-p * (logp + ent[:, None])) / self.n
+        self.table += lr * np.where(self.mask, g, 0.0) / self.T
+        return float(ent.mean())
+
+    def sync(self) -> None:
+        self.var.assign(self.table.astype(np.float32))
 
 
 class _Task:
     """One problem the policy trains on: its features, reward scale and baseline."""
 
-    def __init__(self, policy, problem, tracker=None, residual=None, lr=0.05, clip=1.0):
+    def __init__(self, policy, problem, tracker=None, residual=None, lr=0.05, clip=1.0, optimizer="adam"):
         self.problem = problem
         self.tracker = tracker
         self.atoms = policy.atoms_for(problem)
@@ -71,15 +143,25 @@ class _Task:
             import keras
 
             size = sum(int(np.prod(v.shape)) for v in self.residual_vars)
-            self.opt = keras.optimizers.Adam(lr, global_clipnorm=float(clip * np.sqrt(size)))
+            if optimizer == "sgd":
+                self.opt = keras.optimizers.SGD(float(lr))
+            else:
+                self.opt = keras.optimizers.Adam(lr, global_clipnorm=float(clip * np.sqrt(size)))
+            self.apply = _compiled_apply(self.opt, self.residual_vars)
         self.scale = max(problem.lower_bound_us(), 1e-9)
         self.baseline: float | None = None
         self.spread: float | None = None
         self.worst = 1.0
         self.best = np.inf
         self.best_assignment = None
+        #: trainer step at which ``best`` was sampled (None: not yet)
+        self.best_step = None
+        #: the step time the task started from (a warm start's), if the caller sets it
+        self.start_us: float | None = None
+        #: step time of the policy's mode (greedy placement) when it was scored before any update
+        self.mode_start_us: float | None = None
 
-    def score(self, A):
+    def score(self, A, step_no=0):
         """(step times, feasible) of a batch; through the tracker when there is one."""
         if self.tracker is not None:
             r = self.tracker.evaluate(A)
@@ -92,7 +174,7 @@ class _Task:
         if ok.any():
             i = int(np.argmin(np.where(ok, step, np.inf)))
             if step[i] < self.best:
-                self.best, self.best_assignment = float(step[i]), A[i].copy()
+                self.best, self.best_assignment, self.best_step = float(step[i]), A[i].copy(), step_no
         return n, step, ok
 
 
@@ -107,37 +189,74 @@ class Trainer:
         self.seed = int(seed) & 0x7FFFFFFF
         trackers = trackers or [None] * len(problems)
         residuals = residuals or [None] * len(problems)
-        self.tasks = [_Task(policy, p, t, r, self.cfg.residual_lr, self.cfg.clip_norm)
+        self.tasks = [_Task(policy, p, t, r, self.cfg.residual_lr, self.cfg.clip_norm, self.cfg.residual_optimizer)
                       for p, t, r in zip(problems, trackers, residuals)]
+        frozen = self.cfg.lr == 0 and hasattr(policy, "net_logits") and self.cfg.ppo_epochs == 1
+        for t in self.tasks:
+            t.frozen = _FrozenNetTable(policy, t) if frozen and len(t.residual_vars) == 1 else None
         import keras
 
-        self.opt = keras.optimizers.Adam(self.cfg.lr, global_clipnorm=self.cfg.clip_norm)
+        self.opt = keras.optimizers.Adam(float(self.cfg.lr), global_clipnorm=self.cfg.clip_norm)
+        self._apply = _compiled_apply(self.opt, self.policy.variables)
         self.step_no = 0
         self.logdir = Path(logdir) if logdir else None
         self.writer = self.tf.summary.create_file_writer(str(self.logdir)) if self.logdir else None
         self.progress = progress
         self.samples_seen = 0
         self.t0 = time.perf_counter()
+        self._train_t0 = self.t0
+        self._limits = (None, None)
         self._grad = self.tf.function(self._grad_impl, reduce_retracing=True)
 
     # ------------------------------------------------------------------ pieces
-    def _grad_impl(self, obs, actions, adv, extra_vars):
+    def _grad_impl(self, obs, actions, adv, old_logp, ent_w, extra_vars):
         tf = self.tf
         with tf.GradientTape() as tape:
             logp, ent = self.policy._logp(obs, *actions)
-            loss = -tf.reduce_mean(adv * logp) - self.cfg.entropy * tf.reduce_mean(ent)
+            if old_logp is None:
+                pg = adv * logp
+            else:  # PPO: the clipped surrogate keeps later passes near the sampling policy
+                ratio = tf.exp(tf.clip_by_value(logp - old_logp, -20.0, 20.0))
+                c = self.cfg.ppo_clip
+                pg = tf.minimum(ratio * adv, tf.clip_by_value(ratio, 1.0 - c, 1.0 + c) * adv)
+            loss = -tf.reduce_mean(pg) - ent_w * tf.reduce_mean(ent)
         grads = tape.gradient(loss, self.policy.variables + extra_vars)
         return loss, tf.reduce_mean(ent), grads
 
-    def gradients(self, task: _Task, actions, adv):
+    def entropy_weight(self) -> float:
+        """The entropy bonus now: linear from ``entropy`` to ``entropy_end`` over the budget."""
+        if self.cfg.entropy_end is None:
+            return self.cfg.entropy
+        f = min(max(self.fraction(), 0.0), 1.0)
+        return (1 - f) * self.cfg.entropy + f * self.cfg.entropy_end
+
+    def fraction(self) -> float:
+        """How much of the budget is spent (0..1), from the first tracker or train()'s limits."""
+        t = self.tasks[0].tracker
+        b = t.budget if t is not None else None
+        parts = []
+        if b is not None and b.evals:
+            parts.append(t.evaluations / b.evals)
+        if b is not None and b.seconds:
+            parts.append(t.seconds / b.seconds)
+        if self._limits[0]:
+            parts.append(self.step_no / self._limits[0])
+        if self._limits[1]:
+            parts.append((time.perf_counter() - self._train_t0) / self._limits[1])
+        return max(parts, default=0.0)
+
+    def gradients(self, task: _Task, actions, adv, old_logp=None):
         """Policy-gradient of the network weights for sampled ``actions`` with advantages
-        ``adv``; the task's residual table (if any) takes its own Adam step here."""
+        ``adv`` (PPO's clipped surrogate when ``old_logp`` is given); the task's residual
+        table (if any) takes its own optimiser step here."""
         tf = self.tf
         loss, ent, grads = self._grad(task.obs, tuple(tf.constant(a) for a in actions),
-                                      tf.constant(np.asarray(adv, np.float32)), task.residual_vars)
+                                      tf.constant(np.asarray(adv, np.float32)),
+                                      None if old_logp is None else tf.constant(old_logp),
+                                      tf.constant(self.entropy_weight(), tf.float32), task.residual_vars)
         nv = len(self.policy.variables)
         if task.residual_vars:
-            task.opt.apply_gradients(zip(grads[nv:], task.residual_vars))
+            task.apply(list(grads[nv:]))
         grads = [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
                  for g, v in zip(grads[:nv], self.policy.variables)]
         return loss, ent, grads
@@ -145,7 +264,7 @@ class Trainer:
     def update(self, task: _Task, actions, adv) -> None:
         """One optimiser step on one task's samples (what :meth:`step` does per problem)."""
         _, _, grads = self.gradients(task, actions, adv)
-        self.opt.apply_gradients(zip(grads, self.policy.variables))
+        self._apply(grads)
 
     def rewards(self, task: _Task, step, ok) -> np.ndarray:
         r = -np.sqrt(np.where(ok, step, task.scale) / task.scale)
@@ -155,8 +274,15 @@ class Trainer:
         return np.where(ok, r, -pen)
 
     def advantages(self, task: _Task, r: np.ndarray) -> np.ndarray:
+        """Centred, scaled rewards: against an EMA baseline, or (``baseline="loo"``) each
+        sample against the mean of the other samples of its batch (unbiased, and it
+        cancels the batch's common part exactly), scaled by the batch's spread."""
         d = self.cfg.baseline_decay
         m, s = float(r.mean()), float(r.std())
+        if self.cfg.baseline == "loo" and len(r) > 1:
+            others = (r.sum() - r) / (len(r) - 1)
+            task.baseline = m if task.baseline is None else d * task.baseline + (1 - d) * m
+            return ((r - others) / max(s, 1e-6)).astype(np.float32)
         if task.baseline is None:
             task.baseline, task.spread = m, max(s, 1e-3)
         adv = (r - task.baseline) / max(task.spread, 1e-3)
@@ -169,31 +295,55 @@ class Trainer:
         """One REINFORCE step over every problem; returns scalars for logging."""
         K = self.cfg.samples
         grads_sum, stats = None, []
-        for ti, task in enumerate(self.tasks):
+        chosen = range(len(self.tasks))
+        m = self.cfg.tasks_per_step
+        if m is not None and m < len(self.tasks):  # a rotating window: every problem as often
+            chosen = [(self.step_no * m + j) % len(self.tasks) for j in range(m)]
+        for ti in chosen:
+            task = self.tasks[ti]
             seed = [self.seed, self.step_no * 1009 + ti]
-            actions = self.policy.sample(task.obs, K, seed)
-            A = self.policy.assignment(task.atoms, actions)
+            fz = task.frozen
             with_greedy = self.step_no % max(self.cfg.greedy_every, 1) == 0
+            parts = []
             if with_greedy:
-                A = np.concatenate([self.policy.assignment(task.atoms, self.policy.greedy(task.obs)), A])
-            n, step, ok = task.score(A)
+                mode = (fz.greedy(),) if fz else self.policy.greedy(task.obs)
+                parts.append(self.policy.assignment(task.atoms, mode))
+            # a zero-shot call (one evaluation left) scores the mode only: no samples drawn
+            if not (with_greedy and task.tracker is not None and task.tracker.remaining_evals() <= 1):
+                actions = (fz.sample(K, seed),) if fz else self.policy.sample(task.obs, K, seed)
+                parts.append(self.policy.assignment(task.atoms, actions))
+            A = np.concatenate(parts)
+            n, step, ok = task.score(A, self.step_no)
             self.samples_seen += n
             if with_greedy:
                 greedy_step = float(step[0]) if ok[0] else np.inf
+                if self.step_no == 0 and task.mode_start_us is None:
+                    task.mode_start_us = float(step[0])
                 n, step, ok = n - 1, step[1:], ok[1:]
             if n <= 0:
                 continue
             acts = tuple(a[:n] for a in actions)
             adv = self.advantages(task, self.rewards(task, step[:n], ok[:n]))
-            loss, ent, grads = self.gradients(task, acts, adv)
-            grads_sum = grads if grads_sum is None else [a + b for a, b in zip(grads_sum, grads)]
+            if fz:
+                ent = fz.update(acts[0], adv, self.cfg.residual_lr, self.entropy_weight())
+                loss = float("nan")
+            elif self.cfg.ppo_epochs > 1:  # several clipped passes over this batch, one task at a time
+                old = self.policy.logp_entropy(task.obs, acts)[0].numpy()
+                for _ in range(self.cfg.ppo_epochs):
+                    loss, ent, grads = self.gradients(task, acts, adv, old)
+                    self._apply(grads)
+            else:
+                loss, ent, grads = self.gradients(task, acts, adv)
+                grads_sum = grads if grads_sum is None else [a + b for a, b in zip(grads_sum, grads)]
             feas = step[:n][ok[:n]]
             stats.append({"mean_step_us": float(feas.mean()) if feas.size else np.inf,
-                          "best_step_us": task.best, "entropy": float(ent), "baseline": float(task.baseline),
-                          "feasible": float(ok[:n].mean()), "loss": float(loss),
+                          "best_step_us": min(task.best, task.start_us if task.start_us is not None else np.inf),
+                          "policy_best_us": task.best, "entropy": float(ent), "baseline": float(task.baseline),
+                          "feasible": float(ok[:n].mean()), "loss": float(loss), "lower_bound_us": task.scale,
+                          **({"warm_start_us": task.start_us} if task.start_us is not None else {}),
                           **({"greedy_step_us": greedy_step} if with_greedy else {})})
         if grads_sum is not None:
-            self.opt.apply_gradients(zip(grads_sum, self.policy.variables))
+            self._apply(grads_sum)
         self.step_no += 1
         out = {k: float(np.mean([s[k] for s in stats])) for k in (stats[0] if stats else {}) if all(k in s for s in stats)}
         self._log(out)
@@ -224,6 +374,8 @@ class Trainer:
         from .policies import fingerprint
 
         t = self.tasks[0]
+        if t.frozen:
+            t.frozen.sync()
         res = ([v.numpy() for v in t.residual_vars], fingerprint(t.problem, t.atoms)) if t.residual_vars else None
         self.policy.save(folder, extra=self.summary(), residual=res)
 
@@ -238,6 +390,7 @@ class Trainer:
     def train(self, steps: int | None = None, seconds: float | None = None, done=None) -> dict:
         """Step until ``steps`` or ``seconds`` or ``done()`` or the tracker's budget ends."""
         t0 = time.perf_counter()
+        self._train_t0, self._limits = t0, (steps, seconds)
         try:
             while True:
                 if steps is not None and self.step_no >= steps:
@@ -252,6 +405,9 @@ class Trainer:
         except BudgetExhausted:
             pass
         finally:
+            for t in self.tasks:
+                if t.frozen:
+                    t.frozen.sync()
             if self.writer is not None:
                 self.writer.flush()
             if self.logdir:

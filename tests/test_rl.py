@@ -7,6 +7,7 @@ import itertools
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,11 +100,54 @@ def test_search_method_rl_reaches_optimum_and_counts_evaluations(tiny):
 def test_warm_start_begins_at_the_best_cheap_placement():
     from placetool.search import seed_methods
 
-    p = Problem(CostModel(presets.load_graph("synthetic-300"), presets.load_cluster("k80x4")))
-    r = run("rl", p, Budget(evals=400), seed=0)
+    p = Problem(CostModel(presets.load_graph("synthetic-160"), presets.load_cluster("k80x4")))
+    r = run("rl", p, Budget(evals=60), seed=0)
     name = r.metadata["warm_start"]
-    assert name in seed_methods()  # gdp (the default) starts its residual logits there
-    assert r.step_time_us <= run(name, p, Budget(evals=400), seed=0).step_time_us
+    assert name in seed_methods()
+    seed_us = run(name, p, Budget(evals=60), seed=0).step_time_us
+    assert r.metadata["warm_start_us"] == seed_us
+    # the policy's mode, scored before its first update, *is* the warm start's placement
+    assert r.metadata["mode_start_us"] == seed_us
+    # ... which the policy would not reach without it (so the test sees a warm start ignored)
+    cold = run("rl", p, Budget(evals=1), seed=0, warm_start=False)
+    assert cold.metadata["mode_start_us"] != seed_us and cold.metadata["warm_start"] is None
+
+
+@pytest.mark.timeout(60)
+def test_gdp_warm_table_reproduces_any_placement_exactly():
+    """A warm start must be the policy's argmax on every group (no coarse projection),
+    and samples around it move about ``explore`` groups."""
+    from placetool.rl import policies
+    from placetool.rl.method import warm_margin
+
+    p = Problem(CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x4")))
+    pol = policies.make("gdp", p.n_devices, seed=4, hidden=16)
+    atoms = pol.atoms_for(p)
+    assert atoms.n == p.n_groups  # one atom per colocation group
+    seed_a = p.random_assignment(np.random.default_rng(7))
+    before = pol.assignment(atoms, pol.greedy(pol.obs(atoms)))[0]
+    assert (before != seed_a).sum() > p.n_groups // 2  # the untrained mode is elsewhere
+    table = pol.warm_table(pol.obs(atoms), atoms, seed_a, warm_margin(atoms, 4.0))
+    obs = pol.obs(atoms, [table])
+    np.testing.assert_array_equal(pol.assignment(atoms, pol.greedy(obs))[0], seed_a)
+    moved = (pol.assignment(atoms, pol.sample(obs, 64, [1, 2])) != seed_a[None]).sum(axis=1)
+    assert 1.0 < moved.mean() < 10.0
+
+
+@pytest.mark.timeout(60)
+def test_gdp_one_policy_places_on_any_cluster_size():
+    from placetool.rl import policies
+
+    pol = policies.make("gdp", 5, seed=0, hidden=16)
+    for c in ("k80x2", "k80x4", "k40x8"):  # 3, 5 and 9 devices
+        p = Problem(CostModel(presets.load_graph("synthetic-200"), presets.load_cluster(c)))
+        atoms = pol.atoms_for(p)
+        a = pol.assignment(atoms, pol.sample(pol.obs(atoms), 4, [0, 1]))
+        assert a.shape == (4, p.n_groups) and all(p.is_valid(x) for x in a)
+        assert len(np.unique(a)) > 1
+    small = policies.make("gdp", 3, seed=0, hidden=16, max_devices=4)
+    with pytest.raises(UserError, match="at most 4 devices; cluster 'k80x4' has 5"):
+        small.atoms_for(Problem(CostModel(presets.load_graph("synthetic-200"), presets.load_cluster("k80x4"))))
 
 
 @pytest.mark.timeout(60)
@@ -135,7 +179,7 @@ def test_save_load_same_greedy_placement(tiny, tmp_path):
     for kind in ("seq2seq", "gdp"):
         pol = policies.make(kind, p.n_devices, seed=2, hidden=32)
         tr = Trainer(pol, [p], TrainConfig(samples=16), seed=2)
-        for _ in range(5):
+        for _ in range(2):
             tr.step()
         before = _greedy_step(tr)
         a0 = pol.assignment(tr.tasks[0].atoms, pol.greedy(tr.tasks[0].obs))[0]
@@ -161,9 +205,10 @@ def test_user_errors(tiny, tmp_path):
         run("rl", p, Budget(evals=8), seed=0, bogus=1)
     pol = policies.make("gdp", p.n_devices, hidden=16)
     pol.save(tmp_path / "pol")
+    policies.make("seq2seq", p.n_devices, hidden=16).save(tmp_path / "s2s")
     p3 = tiny_problem("k80x2")  # 3 devices, not 5
     with pytest.raises(UserError, match="trained for 5 devices; this cluster has 3"):
-        run("rl", p3, Budget(evals=8), seed=0, init_from=str(tmp_path / "pol"))
+        run("rl", p3, Budget(evals=8), seed=0, init_from=str(tmp_path / "s2s"))
     with pytest.raises(UserError, match="holds a 'gdp' policy, not 'seq2seq'"):
         run("rl", p, Budget(evals=8), seed=0, init_from=str(tmp_path / "pol"), policy="seq2seq")
     with pytest.raises(UserError, match="no saved policy"):
@@ -178,16 +223,17 @@ def test_pretrain_cli_then_zero_shot(tmp_path):
     from placetool.cli.main import cli
 
     out = tmp_path / "policy"
-    res = CliRunner().invoke(cli, ["rl", "pretrain", "--graphs", "synthetic-120,synthetic-160", "--clusters", "k80x2",
-                                   "--out", str(out), "--steps", "6", "--samples", "8", "--json"])
-    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(cli, ["rl", "pretrain", "--graphs", "synthetic-120,synthetic-160", "--clusters",
+                                   "k80x2,k80x4", "--out", str(out), "--steps", "6", "--samples", "8", "--json"])
+    assert res.exit_code == 0, res.output  # gdp trains on clusters of 3 and 5 devices at once
     info = json.loads(res.output)
-    assert info["steps"] == 6 and sorted(info["graphs"]) == ["synthetic-120", "synthetic-160"]
+    assert info["steps"] == 6 and sorted(set(info["graphs"])) == ["synthetic-120", "synthetic-160"]
+    assert info["recipe"]["clusters"] == ["k80x2", "k80x4"] and len(info["greedy_step_us"]) == 4
     p = Problem(CostModel(presets.load_graph("synthetic-160"), presets.load_cluster("k80x2")))
     r = run("rl", p, Budget(evals=1), seed=0, init_from=str(out))  # zero-shot: the greedy placement
     assert r.evaluations == 1
     assert r.step_time_us == pytest.approx(info["greedy_step_us"]["synthetic-160@k80x2"], rel=1e-12)
-    bad = CliRunner().invoke(cli, ["rl", "pretrain", "--graphs", "synthetic-120", "--clusters", "k80x2,k80x4",
+    bad = CliRunner().invoke(cli, ["rl", "pretrain", "--graphs", "synthetic-120", "--clusters", "k80x2,k80x4", "--policy", "seq2seq",
                                    "--out", str(tmp_path / "x"), "--steps", "1"])
     assert isinstance(bad.exception, UserError) and "different device counts" in str(bad.exception)
 
@@ -240,18 +286,96 @@ def test_coarsen_keeps_allowed_devices_and_covers_every_group():
     assert p.is_valid(c.expand(ca))
 
 
+def _scalar_tags(folder):
+    from tensorflow.core.util import event_pb2
+
+    tags = set()
+    for f in folder.glob("events.out.tfevents.*"):
+        for rec in tf.data.TFRecordDataset(str(f)):
+            ev = event_pb2.Event.FromString(rec.numpy())
+            tags |= {v.tag for v in ev.summary.value}
+    return tags
+
+
 @pytest.mark.timeout(60)
-def test_logdir_gets_tensorboard_scalars_and_a_checkpoint(tiny, tmp_path):
+def test_logdir_gets_a_subfolder_per_run_with_scalars_and_a_checkpoint(tiny, tmp_path):
     from placetool.rl import policies
 
     p, _ = tiny
-    r = run("rl", p, Budget(evals=65 + 64 * 2), seed=0, logdir=str(tmp_path / "log"), warm_start=False)  # greedy + 64, then 64, 64
+    r = run("rl", p, Budget(evals=65 + 64 * 2), seed=0, logdir=str(tmp_path / "log"), warm_start=False,
+            samples=64)  # greedy + 64, then 64, 64
     assert r.metadata["steps"] == 3
-    assert list((tmp_path / "log").glob("events.out.tfevents.*"))
-    pol, meta = policies.load(tmp_path / "log" / "policy", n_devices=p.n_devices)
+    run_dir = tmp_path / "log" / next((tmp_path / "log").iterdir()).name
+    assert r.metadata["logdir"] == str(run_dir) and run_dir.name.startswith("tiny-k80x4-gdp-s0-")
+    assert {"best_step_us", "lower_bound_us", "mean_step_us", "entropy"} <= _scalar_tags(run_dir)
+    pol, meta = policies.load(run_dir / "policy", n_devices=p.n_devices)
     assert meta["steps"] == 3 and meta["samples"] == 65 + 64 * 2
     # resuming from the checkpoint starts from its residual table: the same greedy placement
     atoms = pol.atoms_for(p)
     a = pol.assignment(atoms, pol.greedy(pol.obs(atoms, policies.saved_residual(meta, p, atoms))))[0]
-    again = run("rl", p, Budget(evals=1), seed=0, init_from=str(tmp_path / "log" / "policy"))
+    again = run("rl", p, Budget(evals=1), seed=0, init_from=str(run_dir / "policy"), logdir=str(tmp_path / "log"))
     assert again.step_time_us == p.cost_model.simulate(a).step_time_us
+    assert len(list((tmp_path / "log").iterdir())) == 2  # a second run, a second folder
+    # a warm-started run also logs the warm start it began from
+    w = run("rl", p, Budget(evals=40), seed=0, logdir=str(tmp_path / "warm"))
+    wdir = Path(w.metadata["logdir"])
+    assert "warm_start_us" in _scalar_tags(wdir) and w.metadata["source"].startswith("warm start ")
+
+
+@pytest.mark.timeout(120)
+def test_bundled_policy_places_held_out_graphs_zero_shot():
+    """The shipped GDP policy loads without training and places graphs it never saw
+    (a held-out zoo graph on 9 devices, and a hand-built graph) with one evaluation."""
+    from click.testing import CliRunner
+
+    from placetool.cli.main import cli
+    from placetool.rl import policies
+    from placetool.rl.method import bundled_policy
+
+    folder = bundled_policy("gdp")
+    assert folder is not None
+    meta = json.loads((folder / "policy.json").read_text())
+    held_out = {"inception_v3", "gnmt8", "transformer"}
+    assert held_out.isdisjoint(meta["recipe"]["graphs"])
+    res = CliRunner().invoke(cli, ["search", "--method", "rl", "--init-from", "gdp", "--budget-evals", "1",
+                                   "-g", "transformer", "-c", "k40x8", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["evaluations"] == 1 and out["feasible"]
+    assert out["metadata"]["source"].startswith("policy at step 0")
+    # the same greedy placement as loading the policy by hand
+    p = Problem(CostModel(presets.load_graph("transformer"), presets.load_cluster("k40x8")))
+    pol, _ = policies.load(folder, n_devices=p.n_devices)
+    atoms = pol.atoms_for(p)
+    a = pol.assignment(atoms, pol.greedy(pol.obs(atoms)))[0]
+    assert out["step_time_us"] == pytest.approx(p.cost_model.simulate(a).step_time_us, rel=1e-12)
+    t = tiny_problem()
+    r = run("rl", t, Budget(evals=1), seed=0, init_from="gdp")
+    assert r.evaluations == 1 and t.is_valid(r.assignment)
+
+
+@pytest.mark.timeout(60)
+def test_frozen_network_table_step_is_the_policy_gradient(tiny):
+    """The closed-form numpy step on the residual table (the default search path) equals
+    TensorFlow's gradient of mean(A * log pi(a)) with respect to that table."""
+    from types import SimpleNamespace
+
+    from placetool.rl import policies
+    from placetool.rl.trainer import _FrozenNetTable
+
+    p, _ = tiny
+    pol = policies.make("gdp", p.n_devices, seed=5, hidden=16)
+    atoms = pol.atoms_for(p)
+    rng = np.random.default_rng(0)
+    table0 = rng.normal(0, 2, (atoms.n, p.n_devices)).astype(np.float32)
+    obs = pol.obs(atoms, [table0])
+    acts = pol.sample(obs, 8, [3, 4])[0]
+    adv = rng.normal(size=8).astype(np.float32)
+    with tf.GradientTape() as tape:
+        logp, _ = pol._logp(obs, tf.constant(acts))
+        objective = tf.reduce_mean(adv * logp)
+    expect = tape.gradient(objective, obs["bias"]).numpy()
+    fz = _FrozenNetTable(pol, SimpleNamespace(obs=obs, residual_vars=[obs["bias"]], atoms=atoms))
+    np.testing.assert_array_equal(fz.greedy()[0], pol.greedy(obs)[0][0])
+    fz.update(acts, adv, lr=1.0, ent_w=0.0)
+    np.testing.assert_allclose(fz.table - table0, np.where(atoms.allowed, expect, 0.0), atol=2e-6)
