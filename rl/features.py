@@ -11,6 +11,9 @@ groups (a placement never splits one). Each atom gets a fixed-length feature vec
   atom's topological position (0..1);
 - which devices it may use (problem.allowed), one column per device.
 
+The GDP encoder also reads :func:`op_features` (per op: hashed type, sizes, times, the
+data edges), which it pools per group itself.
+
 Adjacency is the atom graph: an edge a -> b when some op of a feeds an op of b, weighted
 by the bytes that cross. :func:`coarsen` merges atoms into at most ``max_groups``
 super-groups (consecutive runs in topological order among atoms with the same allowed
