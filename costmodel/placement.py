@@ -79,7 +79,7 @@ class Placement:
 
     graph: str
     cluster: str
-    devices: dict[str, str]
+    devices: dict[str, str | int]
     tf_devices: dict[str, str] = field(default_factory=dict)
     step_time_us: float | None = None
     extra: dict = field(default_factory=dict)
@@ -108,7 +108,7 @@ class Placement:
             dev = self.devices.get(op)
             if dev is None:
                 raise PlacementError(f"{source}: devices: names no device for op {op!r} of graph {graph.name!r}")
-            j = index.get(dev)
+            j = index.get(dev) if isinstance(dev, str) else (dev if 0 <= dev < cluster.n_devices else None)
             if j is None:
                 raise PlacementError(f"{source}: devices[{op!r}]: unknown device {dev!r} "
                                          f"(cluster {cluster.name!r} has {', '.join(cluster.names)})")
@@ -143,7 +143,7 @@ class Placement:
         for key in ("graph", "cluster"):
             if key in d and d[key] is not None and not isinstance(d[key], str):
                 raise PlacementError(f"{source}: {key}: expected a string, got {type(d[key]).__name__}")
-        devices = _str_table(d, "devices", source, required=True)
+        devices = _str_table(d, "devices", source, required=True, index_ok=True)
         tf_devices = _str_table(d, "tf_devices", source, required=False)
         extra_ops = set(tf_devices) - set(devices)
         if extra_ops:
@@ -168,14 +168,17 @@ class Placement:
     def with_tf_devices(self, cluster, spec=None) -> "Placement":
         """A copy whose ``tf_devices`` name the devices of ``spec`` (see :func:`tf_device_names`)."""
         tfn = dict(zip(cluster.names, tf_device_names(cluster, spec)))
-        bad = next((dev for dev in self.devices.values() if dev not in tfn), None)
+        devices = {op: cluster.names[dev] if isinstance(dev, int) and 0 <= dev < cluster.n_devices else dev
+                   for op, dev in self.devices.items()}
+        bad = next((dev for dev in devices.values() if dev not in tfn), None)
         if bad is not None:
             raise PlacementError(f"placement names device {bad!r}, which cluster {cluster.name!r} lacks")
-        return Placement(self.graph, self.cluster, dict(self.devices),
-                         {op: tfn[dev] for op, dev in self.devices.items()}, self.step_time_us, dict(self.extra))
+        return Placement(self.graph, self.cluster, devices,
+                         {op: tfn[dev] for op, dev in devices.items()}, self.step_time_us, dict(self.extra))
 
 
-def _str_table(d, key, source, required) -> dict[str, str]:
+def _str_table(d, key, source, required, index_ok=False) -> dict:
+    """An op -> device table; ``index_ok``: a device may also be a cluster index (hand-written files)."""
     t = d.get(key)
     if t is None:
         if required:
@@ -184,6 +187,8 @@ def _str_table(d, key, source, required) -> dict[str, str]:
     if not isinstance(t, dict):
         raise PlacementError(f"{source}: {key}: expected a table of op name -> device, got {type(t).__name__}")
     for op, dev in t.items():
-        if not isinstance(dev, str):
-            raise PlacementError(f"{source}: {key}[{op!r}]: device must be a string, got {dev!r}")
+        if isinstance(dev, str) or (index_ok and isinstance(dev, int) and not isinstance(dev, bool)):
+            continue
+        want = "a device name or index" if index_ok else "a string"
+        raise PlacementError(f"{source}: {key}[{op!r}]: device must be {want}, got {dev!r}")
     return dict(t)

@@ -138,12 +138,12 @@ def placement_file(tmp_path):
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"version": 2}, ["version 2"]),
+    ({"version": 2}, ["version: 2"]),
     ({"version": True}, ["version"]),
-    ({"format": "other"}, ["format 'other'"]),
-    ({"device": True}, ["device True"]),
-    ({"device": 1.0}, ["device 1.0"]),
-    ({"device": None}, ["device None"]),
+    ({"format": "other"}, ["format: 'other'"]),
+    ({"device": True}, ["must be a device name or index, got True"]),
+    ({"device": 1.0}, ["got 1.0"]),
+    ({"device": None}, ["got None"]),
 ])
 def test_placement_file_checks(placement_file, capsys, change, words):
     p = placement_file(**change)

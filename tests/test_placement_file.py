@@ -88,7 +88,8 @@ def test_files_that_do_not_fit_the_graph(tmp_path, cm):
     d = _doc(cm)
     op = cm.graph.names[3]
     for devices, msg in [
-        ({**d["devices"], op: 1}, f"devices[{op!r}]: device must be a string, got 1"),
+        ({**d["devices"], op: 1.0}, f"devices[{op!r}]: device must be a device name or index, got 1.0"),
+        ({**d["devices"], op: 9}, f"devices[{op!r}]: unknown device 9"),
         ({**d["devices"], op: "tpu:0"}, f"devices[{op!r}]: unknown device 'tpu:0'"),
         ({k: v for k, v in d["devices"].items() if k != op}, f"names no device for op {op!r}"),
         ({**d["devices"], "extra/op": "cpu:0"}, "names op 'extra/op', which graph 'synthetic-1k' lacks"),
