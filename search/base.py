@@ -17,6 +17,7 @@ True
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -303,7 +304,7 @@ REGISTRY: dict[str, MethodInfo] = {}
 #: modules outside this package that register methods (imported when the table is read)
 EXTERNAL_METHOD_MODULES = ("placetool.rl.method",)
 #: modules of this package that hold no method (never imported to fill the table)
-_NOT_METHODS = {"base", "bounds", "report", "store", "sweep"}
+_NOT_METHODS = {"base", "bounds", "critical", "report", "store", "sweep"}
 _discovered = False
 
 
@@ -330,23 +331,32 @@ def register(name: str, *, summary: str | None = None, budget: Budget | None = N
     return deco
 
 
+_discover_lock = threading.RLock()
+
+
 def _discover() -> None:
-    """Import every method module once (none imports TensorFlow at import time)."""
+    """Import every method module once (none imports TensorFlow at import time).
+
+    Under a lock, and marked done only when done: a worker running searches in
+    several threads must not see a half-filled table."""
     global _discovered
     if _discovered:
         return
-    _discovered = True
-    import importlib
-    import pkgutil
+    with _discover_lock:
+        if _discovered:
+            return
+        import importlib
+        import pkgutil
 
-    pkg = __name__.rsplit(".", 1)[0]
-    names = [f"{pkg}.{m.name}" for m in pkgutil.iter_modules(importlib.import_module(pkg).__path__)
-             if m.name not in _NOT_METHODS and not m.name.startswith("_")]
-    for mod in names + list(EXTERNAL_METHOD_MODULES):
-        try:
-            importlib.import_module(mod)
-        except ImportError:  # an optional part that is not installed: its methods are absent
-            pass
+        pkg = __name__.rsplit(".", 1)[0]
+        names = [f"{pkg}.{m.name}" for m in pkgutil.iter_modules(importlib.import_module(pkg).__path__)
+                 if m.name not in _NOT_METHODS and not m.name.startswith("_")]
+        for mod in names + list(EXTERNAL_METHOD_MODULES):
+            try:
+                importlib.import_module(mod)
+            except ImportError:  # an optional part that is not installed: its methods are absent
+                pass
+        _discovered = True
 
 
 def table() -> dict[str, MethodInfo]:

@@ -119,7 +119,6 @@ def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, inc
     """Branch and bound over group assignments: optimal, or the best with a proven gap."""
     cm, g = problem.cost_model, problem.graph
     G, D = problem.n_groups, problem.n_devices
-    cap = cm.capacity
     meta = {"status": "feasible", "nodes": 0, "pruned": 0, "leaves": 0}
     # a good first incumbent prunes most of the tree: the seeding methods, then (under a
     # time budget) a short annealing run from the best of them
@@ -193,7 +192,6 @@ def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, inc
     gdev = np.full(G, -1, np.int64)
     stack = []  # per depth: [children, index of the next one to try]
     pending = []  # bounds of leaves waiting in ``leaves``
-    stopped = False
     try:
         if G:
             stack.append([children(gdev, 0, root), 0])
@@ -228,7 +226,7 @@ def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, inc
         flush()
         pending.clear()
     except BudgetExhausted:
-        stopped = True
+        pass  # what is left open bounds the gap below
     best = tracker.best_step_us if tracker.best_feasible else np.inf
     # what is left unexplored: untried children on the stack and unscored leaves
     rest = [kids[j][0] for kids, i in stack for j in range(i, len(kids))] + pending

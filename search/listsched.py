@@ -22,12 +22,15 @@ as ``memory_fallbacks``). Every method scores its placement through the tracker.
   device.
 
 The schedules here follow the simulator's rules for transfers (``links="queued"``, the
-default: a tensor goes to a device once, transfers queue per directed link, devices pay
-their send/receive costs), so the makespan a scheduler plans (``metadata["planned_us"]``)
-is close to what the simulator says of its placement (``metadata["simulated_us"]``, the
-step time reported). ``links="ideal"`` (``--option links=ideal``) gives the papers'
-variants: every edge costs latency + bytes / bandwidth and nothing queues. Each scheduler runs twice where the cluster has a host
-besides its GPUs (all devices, and GPUs only for every group that may use one) and the
+default: a tensor goes to a device once, transfers take the idle gaps of their directed
+link, devices pay their send/receive costs, and in m-ETF/m-SCT a device runs its ready
+ops in the simulator's order), so the makespan a scheduler plans
+(``metadata["planned_us"]``) is closer to what the simulator says of its placement
+(``metadata["simulated_us"]``, the step time reported) than the papers' model's.
+``links="ideal"`` (``--option links=ideal``) gives the papers' variants: every edge
+costs latency + bytes / bandwidth and nothing queues. Each scheduler runs twice where
+the cluster has a host besides its GPUs (all devices, and GPUs only for every group
+that may use one) and the
 tracker keeps the faster; ``metadata["devices"]`` says which won.
 """
 

@@ -261,24 +261,34 @@ def test_etf_places_every_op_when_memory_forces_fallbacks():
         assert np.all(start[data.dst] >= finish[data.src] - 1e-9)
 
 
-@pytest.mark.parametrize("method", ["heft", "critical-path", "m-etf", "m-sct"])
-def test_queued_plan_sees_the_link_queue_the_simulator_has(method):
-    # a1, a2 (1 µs each) belong on d0, b1, b2 on d1 (1000 µs elsewhere); a_i's 100-byte tensor
-    # feeds b_i over a 10 B/µs link: the second transfer waits for the first (1..11,
-    # 11..21), so b2 runs 21..22. The papers' model sends both at once: b2 ends at 13.
+def test_queued_timeline_sees_the_link_queue_the_simulator_has():
+    # a1, a2 (1 µs each) on d0, b1, b2 on d1; a_i's 100-byte tensor feeds b_i over a
+    # 10 B/µs link: the second transfer waits for the first (1..11, then 11..21), so b2
+    # runs 21..22. The papers' model sends both at once: b2 ends at 13.
     g = nx.DiGraph()
     for v in ("a1", "a2", "b1", "b2"):
         g.add_node(v, op_type="Op", out_bytes=100 if v[0] == "a" else 0)
     g.add_edge("a1", "b1", bytes=100)
     g.add_edge("a2", "b2", bytes=100)
-    T = np.array([[1.0, 1e3], [1.0, 1e3], [1e3, 1.0], [1e3, 1.0]])
     p = Problem(CostModel(OpGraph.from_networkx(g, "queue"), cluster(2, latency=0.0, bandwidth=10.0,
-                                                                     kinds=["gpu"] * 2), op_times=T))
-    q = run(method, p, Budget(evals=5))
-    assert q.step_time_us == 22.0
-    assert q.metadata["planned_us"] == q.metadata["simulated_us"] == 22.0
-    ideal = run(method, p, Budget(evals=5), links="ideal")
-    assert ideal.metadata["planned_us"] == 13.0 and ideal.metadata["simulated_us"] == 22.0
+                                                                     kinds=["gpu"] * 2), op_times=np.ones((4, 2))))
+    fixed = np.array([0, 0, 1, 1])  # groups in op order
+    assert p.cost_model.simulate(fixed.astype(np.int32)).step_time_us == 22.0
+    for links, makespan in (("queued", 22.0), ("ideal", 13.0)):
+        data = _Data(p, links=links)
+        _, (place, start, finish, _) = data.etf(data.rank_u(), gdev=fixed)
+        assert place.tolist() == [0, 0, 1, 1] and finish.max() == makespan, links
+    # m-TOPO plans its placement on the same timeline
+    r = run("m-topo", p, Budget(evals=5))
+    assert r.metadata["planned_us"] == r.metadata["simulated_us"] == r.step_time_us
+
+
+@pytest.mark.parametrize("method", ["heft", "critical-path", "m-etf", "m-sct", "m-topo"])
+def test_queued_plans_are_never_shorter_than_the_bound_and_report_the_simulation(method):
+    p = small_problem(n=150, latency=5.0, bandwidth=50.0)
+    r = run(method, p, Budget(evals=5))
+    assert r.metadata["links"] == "queued" and r.metadata["simulated_us"] == r.step_time_us
+    assert r.metadata["planned_us"] >= r.lower_bound_us * (1 - 1e-9)
 
 
 def test_unknown_links_model_is_a_user_error():

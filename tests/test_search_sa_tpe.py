@@ -211,3 +211,16 @@ def test_a_one_shot_seed_that_ends_after_the_seeding_share_still_seeds():
         assert tracker.evaluations == 1 and not skipped
     finally:
         del base.REGISTRY["slow-one-shot"]
+
+
+def test_method_table_is_complete_when_first_read_from_many_threads():
+    # a fresh interpreter: the table fills on first use, here from 8 threads at once
+    import subprocess
+    import sys
+
+    code = ("import threading\nfrom placetool.search import base\nout = []\n"
+            "ts = [threading.Thread(target=lambda: out.append(len(base.methods()))) for _ in range(8)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]\nprint(sorted(set(out)))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    counts = eval(r.stdout)
+    assert len(counts) == 1 and counts[0] >= 14
