@@ -2,8 +2,8 @@
 
 Same rules as :mod:`placetool.costmodel.reference` (read its docstring), bit for bit. The
 loop :func:`_run` handles the same events as the reference with the same steps
-(:func:`_dispatch`, :func:`_op_done`, :func:`_send_done`, :func:`_link_done`,
-:func:`_recv_done`), on arrays packed in named tuples:
+(dispatch; op, send, link and receive done, each a commented block mirroring the
+reference's function of that name), on arrays packed in named tuples:
 
 - :class:`Net`: the graph on the cluster (CSR adjacency, op times, links, device
   transfer costs), read only;
@@ -51,7 +51,7 @@ def _less(ta, ka, tb, kb):
     return ta < tb or (ta == tb and ka < kb)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def heap_push(ev_t, ev_k, ev_id, size, t, k, i):
     """Push (t, k) -> i onto a min-heap ordered by (t, k) in three parallel arrays; returns the new size."""
     j = size
@@ -70,7 +70,7 @@ def heap_push(ev_t, ev_k, ev_id, size, t, k, i):
     return size + 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def heap_pop(ev_t, ev_k, ev_id, size):
     """Remove the root of a heap_push heap; returns the new size."""
     size -= 1
@@ -96,7 +96,7 @@ def heap_pop(ev_t, ev_k, ev_id, size):
     return size
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def keyheap_push(heap, base, size, key):
     """Push an int64 key onto a device's ready heap heap[base:base+size] (a min-heap)."""
     j = size
@@ -111,7 +111,7 @@ def keyheap_push(heap, base, size, key):
     heap[base + j] = key
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def keyheap_pop(heap, base, size):
     """Pop the smallest key of a device's ready heap (``size`` is the size before popping)."""
     top = heap[base]
@@ -315,270 +315,90 @@ def make_base(nt, n_data, D):
 @njit(cache=True)
 def set_bases(net, w, placement):
     """Slice the ready-op and task heap buffers by device for ``placement``."""
-    D = w.live.shape[0]
+    net_in_ptr = net.in_ptr
+    net_op_tensor_ptr = net.op_tensor_ptr
+    net_tensor_ptr = net.tensor_ptr
+    w_live = w.live
+    w_rq_base = w.rq_base
+    w_rq_size = w.rq_size
+    w_tq_base = w.tq_base
+    w_tq_size = w.tq_size
+    D = w_live.shape[0]
     n = placement.shape[0]
     for d in range(D):
-        w.rq_size[d] = 0  # used as a counter here
-        w.tq_size[d] = 0
+        w_rq_size[d] = 0  # used as a counter here
+        w_tq_size[d] = 0
     for op in range(n):
-        w.rq_size[placement[op]] += 1
+        w_rq_size[placement[op]] += 1
     acc = 0
     for d in range(D):
-        w.rq_base[d] = acc
-        acc += w.rq_size[d]
+        w_rq_base[d] = acc
+        acc += w_rq_size[d]
     if net.has_tasks:
         # a device holds at most one send task per data edge out of its ops and one
         # receive task per data edge into them
         for op in range(n):
             d = placement[op]
-            w.tq_size[d] += (net.tensor_ptr[net.op_tensor_ptr[op + 1]] - net.tensor_ptr[net.op_tensor_ptr[op]]
-                             + net.in_ptr[op + 1] - net.in_ptr[op])
+            w_tq_size[d] += (net_tensor_ptr[net_op_tensor_ptr[op + 1]] - net_tensor_ptr[net_op_tensor_ptr[op]]
+                             + net_in_ptr[op + 1] - net_in_ptr[op])
         acc = 0
         for d in range(D):
-            w.tq_base[d] = acc
-            acc += w.tq_size[d]
+            w_tq_base[d] = acc
+            acc += w_tq_size[d]
 
 
 @njit(cache=True)
 def init_fresh(net, w, placement):
     """The state at time 0 before the first dispatch."""
+    net_n_inputs = net.n_inputs
+    net_rank = net.rank
+    w_busy = w.busy
+    w_epoch_time = w.epoch_time
+    w_link_busy = w.link_busy
+    w_link_head = w.link_head
+    w_link_pending = w.link_pending
+    w_link_tail = w.link_tail
+    w_live = w.live
+    w_livepeak = w.livepeak
+    w_missing = w.missing
+    w_out_refs = w.out_refs
+    w_rq = w.rq
+    w_rq_base = w.rq_base
+    w_rq_size = w.rq_size
+    w_running = w.running
+    w_sc = w.sc
+    w_seg = w.seg
+    w_sf = w.sf
+    w_tq_size = w.tq_size
     n = placement.shape[0]
-    D = w.live.shape[0]
+    D = w_live.shape[0]
     set_bases(net, w, placement)
     for d in range(D):
-        w.live[d] = 0
-        w.livepeak[d] = 0
-        w.seg[d] = 0
-        w.busy[d] = 0.0
-        w.running[d] = False
-        w.rq_size[d] = 0
-        w.tq_size[d] = 0
+        w_live[d] = 0
+        w_livepeak[d] = 0
+        w_seg[d] = 0
+        w_busy[d] = 0.0
+        w_running[d] = False
+        w_rq_size[d] = 0
+        w_tq_size[d] = 0
     for l in range(D * D):
-        w.link_head[l] = -1
-        w.link_tail[l] = -1
-        w.link_busy[l] = False
-        w.link_pending[l] = False
+        w_link_head[l] = -1
+        w_link_tail[l] = -1
+        w_link_busy[l] = False
+        w_link_pending[l] = False
     for op in range(n):
-        w.missing[op] = net.n_inputs[op]
-        w.out_refs[op] = 0
-        if w.missing[op] == 0:
+        w_missing[op] = net_n_inputs[op]
+        w_out_refs[op] = 0
+        if w_missing[op] == 0:
             d = placement[op]
-            keyheap_push(w.rq, w.rq_base[d], w.rq_size[d], np.int64(net.rank[op]))
-            w.rq_size[d] += 1
-    w.epoch_time[0] = 0.0
-    w.sc[0] = 0
-    w.sc[1] = 0
-    w.sc[3] = 0
-    w.sf[0] = 0.0
-    w.sf[1] = 0.0
-
-
-# ------------------------------------------------------------------ handlers
-@njit(cache=True, inline="always")
-def _hold(w, d, nbytes, INCR):
-    w.live[d] += nbytes
-    if w.live[d] > w.livepeak[d]:
-        w.livepeak[d] = w.live[d]
-    if INCR and w.live[d] > w.seg[d]:
-        w.seg[d] = w.live[d]
-
-
-@njit(cache=True, inline="always")
-def _to_link(w, x, l, n_pending):
-    """Queue transfer x on link l; returns the new number of pending links."""
-    w.x_next[x] = -1
-    if w.link_tail[l] >= 0:
-        w.x_next[w.link_tail[l]] = x
-    else:
-        w.link_head[l] = x
-    w.link_tail[l] = x
-    if not w.link_pending[l]:
-        w.link_pending[l] = True
-        w.pending[n_pending] = l
-        n_pending += 1
-    return n_pending
-
-
-@njit(cache=True, inline="always")
-def _push_task(w, d, k1, k2, task):
-    b0 = w.tq_base[d]
-    w.tq_size[d] = heap_push(w.tq_k1[b0:], w.tq_k2[b0:], w.tq_id[b0:], w.tq_size[d], k1, k2, task)
-
-
-@njit(cache=True, inline="always")
-def _input_arrived(net, w, placement, c, epoch, wm):
-    """One more input of op c is on its device; returns the updated checksum."""
-    w.missing[c] -= 1
-    wm -= net.rank[c] + 1
-    if w.missing[c] == 0:
-        dc = placement[c]
-        keyheap_push(w.rq, w.rq_base[dc], w.rq_size[dc], (epoch << 32) | net.rank[c])
-        w.rq_size[dc] += 1
-    return wm
-
-
-@njit(cache=True, inline="always")
-def _arrived(net, w, placement, t, dd, epoch, wm):
-    """Tensor t is on device dd: its consumers there get one input each."""
-    for e in range(net.tensor_ptr[t], net.tensor_ptr[t + 1]):
-        c = net.tensor_cons[e]
-        if placement[c] == dd:
-            wm = _input_arrived(net, w, placement, c, epoch, wm)
-    return wm
-
-
-@njit(cache=True, inline="always")
-def _dispatch(net, w, now, n_ev, n_pending, key_span, INCR):
-    """Idle devices start their best ready task; idle links their oldest transfer."""
-    D = w.live.shape[0]
-    for d in range(D):
-        if w.running[d]:
-            continue
-        if net.has_tasks and w.tq_size[d] > 0 and (w.rq_size[d] == 0 or w.tq_k1[w.tq_base[d]] < w.rq[w.rq_base[d]]):
-            b0 = w.tq_base[d]
-            task = w.tq_id[b0]
-            w.tq_size[d] = heap_pop(w.tq_k1[b0:], w.tq_k2[b0:], w.tq_id[b0:], w.tq_size[d])
-            x = task >> 1
-            recv = task & 1
-            b = net.tensor_bytes[w.x_tensor[x]]
-            dur = net.xcost[2 * recv, d] + b * net.xcost[2 * recv + 1, d]
-            w.running[d] = True
-            w.busy[d] += dur
-            if not INCR:
-                w.x_task[x, 2 * recv] = now
-                w.x_task[x, 2 * recv + 1] = now + dur
-            n_ev = heap_push(w.ev_t, w.ev_k, w.ev_id, n_ev, now + dur, (SEND_DONE + 2 * recv) * key_span + x, x)
-        elif w.rq_size[d] > 0:
-            op = net.topo_order[keyheap_pop(w.rq, w.rq_base[d], w.rq_size[d]) & LOW]
-            w.rq_size[d] -= 1
-            w.running[d] = True
-            end = now + net.T[op, d]
-            if not INCR:
-                w.op_start[op] = now
-            w.op_end[op] = end
-            w.busy[d] += net.T[op, d]
-            _hold(w, d, net.out_bytes[op], INCR)
-            n_ev = heap_push(w.ev_t, w.ev_k, w.ev_id, n_ev, end, OP_DONE * key_span + net.rank[op], op)
-    for k in range(n_pending):
-        l = w.pending[k]
-        w.link_pending[l] = False
-        if not w.link_busy[l] and w.link_head[l] >= 0:
-            x = w.link_head[l]
-            w.link_head[l] = w.x_next[x]
-            if w.link_head[l] < 0:
-                w.link_tail[l] = -1
-            w.link_busy[l] = True
-            s = w.x_src[x]
-            dd = w.x_dst[x]
-            b = net.tensor_bytes[w.x_tensor[x]]
-            x_end = now + (net.latency[s, dd] + b / net.bandwidth[s, dd])
-            if not INCR:
-                w.x_start[x] = now
-                w.x_end[x] = x_end
-            _hold(w, dd, b, INCR)
-            n_ev = heap_push(w.ev_t, w.ev_k, w.ev_id, n_ev, x_end, XFER_DONE * key_span + x, x)
-    return n_ev
-
-
-@njit(cache=True, inline="always")
-def _op_done(net, w, placement, op, epoch, n_x, n_pending, wm, wo, INCR):
-    """Op finished: free what its inputs held, hand its outputs on (locally or by a
-    new transfer). Returns (n_x, n_pending, wm, wo)."""
-    D = w.live.shape[0]
-    d = placement[op]
-    w.running[d] = False
-    for e in range(net.in_ptr[op], net.in_ptr[op + 1]):
-        t = net.in_tensor[e]
-        prod = net.tensor_op[t]
-        if placement[prod] == d:
-            w.out_refs[prod] -= 1
-            wo -= net.rank[prod] + 1
-            if w.out_refs[prod] == 0:
-                w.live[d] -= net.out_bytes[prod]
-        else:
-            x = w.copy_of[t * D + d]
-            w.x_refs[x] -= 1
-            if w.x_refs[x] == 0:
-                w.live[d] -= net.tensor_bytes[t]
-    refs = 0
-    for t in range(net.op_tensor_ptr[op], net.op_tensor_ptr[op + 1]):
-        for e in range(net.tensor_ptr[t], net.tensor_ptr[t + 1]):
-            c = net.tensor_cons[e]
-            dc = placement[c]
-            if dc == d:
-                refs += 1
-                wm = _input_arrived(net, w, placement, c, epoch, wm)
-                continue
-            x = w.copy_of[t * D + dc]
-            if x >= 0 and x < n_x and w.x_tensor[x] == t and w.x_dst[x] == dc:
-                w.x_refs[x] += 1
-                continue
-            x = n_x
-            n_x += 1
-            w.copy_of[t * D + dc] = x
-            w.x_tensor[x] = t
-            w.x_src[x] = d
-            w.x_dst[x] = dc
-            w.x_refs[x] = 1
-            refs += 1
-            if not INCR:
-                for k in range(4):
-                    w.x_task[x, k] = np.nan
-            if net.has_tasks and net.xcost[0, d] + net.tensor_bytes[t] * net.xcost[1, d] != 0.0:
-                w.x_next[x] = -1
-                _push_task(w, d, (epoch << 32) | net.rank[op], (t * D + dc) * 2, x * 2)
-            else:
-                n_pending = _to_link(w, x, d * D + dc, n_pending)
-    for e in range(net.ctrl_ptr[op], net.ctrl_ptr[op + 1]):
-        wm = _input_arrived(net, w, placement, net.ctrl_dst[e], epoch, wm)
-    w.out_refs[op] = refs
-    wo += refs * np.int64(net.rank[op] + 1)
-    if refs == 0:
-        w.live[d] -= net.out_bytes[op]
-    return n_x, n_pending, wm, wo
-
-
-@njit(cache=True, inline="always")
-def _send_done(w, x, n_pending):
-    """A send task ended: the transfer joins its link's queue."""
-    D = w.live.shape[0]
-    s = w.x_src[x]
-    w.running[s] = False
-    return _to_link(w, x, s * D + w.x_dst[x], n_pending)
-
-
-@njit(cache=True, inline="always")
-def _link_done(net, w, placement, x, epoch, n_pending, wm, wo):
-    """A link transfer ended: the link is free, the source copy may be freed, and the
-    tensor is on its destination unless a receive task must run first."""
-    D = w.live.shape[0]
-    t = w.x_tensor[x]
-    s = w.x_src[x]
-    dd = w.x_dst[x]
-    l = s * D + dd
-    w.link_busy[l] = False
-    if not w.link_pending[l]:
-        w.link_pending[l] = True
-        w.pending[n_pending] = l
-        n_pending += 1
-    prod = net.tensor_op[t]
-    w.out_refs[prod] -= 1
-    wo -= net.rank[prod] + 1
-    if w.out_refs[prod] == 0:
-        w.live[s] -= net.out_bytes[prod]
-    if net.has_tasks and net.xcost[2, dd] + net.tensor_bytes[t] * net.xcost[3, dd] != 0.0:
-        _push_task(w, dd, (epoch << 32) | net.rank[prod], (t * D + dd) * 2 + 1, x * 2 + 1)
-    else:
-        wm = _arrived(net, w, placement, t, dd, epoch, wm)
-    return n_pending, wm, wo
-
-
-@njit(cache=True, inline="always")
-def _recv_done(net, w, placement, x, epoch, wm):
-    """A receive task ended: the tensor is on its destination."""
-    dd = w.x_dst[x]
-    w.running[dd] = False
-    return _arrived(net, w, placement, w.x_tensor[x], dd, epoch, wm)
+            keyheap_push(w_rq, w_rq_base[d], w_rq_size[d], np.int64(net_rank[op]))
+            w_rq_size[d] += 1
+    w_epoch_time[0] = 0.0
+    w_sc[0] = 0
+    w_sc[1] = 0
+    w_sc[3] = 0
+    w_sf[0] = 0.0
+    w_sf[1] = 0.0
 
 
 # ---------------------------------------------------------------- the loop
@@ -591,9 +411,24 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     checkpoints after ``start_ck`` (up to ``n_ck``) and stops at the first that matches.
     Returns the matched checkpoint or -1; the makespan is left in ``w.sf[0]``.
     """
-    D = w.live.shape[0]
+    T, rank, topo_order, out_bytes = net.T, net.rank, net.topo_order, net.out_bytes
+    tensor_op, tensor_bytes, op_tensor_ptr = net.tensor_op, net.tensor_bytes, net.op_tensor_ptr
+    tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst = net.tensor_ptr, net.tensor_cons, net.ctrl_ptr, net.ctrl_dst
+    in_ptr, in_tensor, latency, bandwidth, xcost = net.in_ptr, net.in_tensor, net.latency, net.bandwidth, net.xcost
+    has_tasks = net.has_tasks
+    live, livepeak, seg, busy, running = w.live, w.livepeak, w.seg, w.busy, w.running
+    rq, rq_base, rq_size = w.rq, w.rq_base, w.rq_size
+    tq_k1, tq_k2, tq_id, tq_base, tq_size = w.tq_k1, w.tq_k2, w.tq_id, w.tq_base, w.tq_size
+    epoch_time, missing, out_refs = w.epoch_time, w.missing, w.out_refs
+    x_tensor, x_src, x_dst, x_refs, x_next, copy_of = w.x_tensor, w.x_src, w.x_dst, w.x_refs, w.x_next, w.copy_of
+    link_head, link_tail, link_busy = w.link_head, w.link_tail, w.link_busy
+    link_pending, pending = w.link_pending, w.pending
+    ev_t, ev_k, ev_id = w.ev_t, w.ev_k, w.ev_id
+    op_start, op_end, x_start, x_end, x_task, moved = w.op_start, w.op_end, w.x_start, w.x_end, w.x_task, w.moved
+
+    D = live.shape[0]
     n = placement.shape[0]
-    key_span = np.int64(max(n, net.tensor_cons.shape[0]) + 1)
+    key_span = np.int64(max(n, tensor_cons.shape[0]) + 1)
     n_ev = w.sc[0]
     n_x = w.sc[1]
     epoch = w.sc[3]
@@ -603,10 +438,10 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     if INCR:
         # pending links are not part of a checkpoint: after a restore every link may start
         for l in range(D * D):
-            w.link_pending[l] = False
-            if not w.link_busy[l] and w.link_head[l] >= 0:
-                w.link_pending[l] = True
-                w.pending[n_pending] = l
+            link_pending[l] = False
+            if not link_busy[l] and link_head[l] >= 0:
+                link_pending[l] = True
+                pending[n_pending] = l
                 n_pending += 1
     cap_ck = ck.f.shape[0]
     n_moved = moved_ops.shape[0]
@@ -621,56 +456,259 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     wo = np.int64(0)
     if INCR:
         for op in range(n):
-            wm += w.missing[op] * np.int64(net.rank[op] + 1)
-            wo += w.out_refs[op] * np.int64(net.rank[op] + 1)
+            wm += missing[op] * np.int64(rank[op] + 1)
+            wo += out_refs[op] * np.int64(rank[op] + 1)
 
     matched = -1
     while True:
-        n_ev = _dispatch(net, w, now, n_ev, n_pending, key_span, INCR)
+        # ---- dispatch: idle devices start their best ready task, idle links their oldest transfer
+        for d in range(D):
+            if running[d]:
+                continue
+            if has_tasks and tq_size[d] > 0 and (rq_size[d] == 0 or tq_k1[tq_base[d]] < rq[rq_base[d]]):
+                b0 = tq_base[d]
+                task = tq_id[b0]
+                tq_size[d] = heap_pop(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[d])
+                x = task >> 1
+                recv = task & 1
+                b = tensor_bytes[x_tensor[x]]
+                dur = xcost[2 * recv, d] + b * xcost[2 * recv + 1, d]
+                running[d] = True
+                busy[d] += dur
+                if not INCR:
+                    x_task[x, 2 * recv] = now
+                    x_task[x, 2 * recv + 1] = now + dur
+                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, now + dur, (SEND_DONE + 2 * recv) * key_span + x, x)
+            elif rq_size[d] > 0:
+                op = topo_order[keyheap_pop(rq, rq_base[d], rq_size[d]) & LOW]
+                rq_size[d] -= 1
+                running[d] = True
+                end = now + T[op, d]
+                if not INCR:
+                    op_start[op] = now
+                op_end[op] = end
+                busy[d] += T[op, d]
+                live[d] += out_bytes[op]
+                if live[d] > livepeak[d]:
+                    livepeak[d] = live[d]
+                if INCR and live[d] > seg[d]:
+                    seg[d] = live[d]
+                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, end, OP_DONE * key_span + rank[op], op)
+        for k in range(n_pending):
+            l = pending[k]
+            link_pending[l] = False
+            if not link_busy[l] and link_head[l] >= 0:
+                x = link_head[l]
+                link_head[l] = x_next[x]
+                if link_head[l] < 0:
+                    link_tail[l] = -1
+                link_busy[l] = True
+                s = x_src[x]
+                dd = x_dst[x]
+                b = tensor_bytes[x_tensor[x]]
+                t_end = now + (latency[s, dd] + b / bandwidth[s, dd])
+                if not INCR:
+                    x_start[x] = now
+                    x_end[x] = t_end
+                live[dd] += b
+                if live[dd] > livepeak[dd]:
+                    livepeak[dd] = live[dd]
+                if INCR and live[dd] > seg[dd]:
+                    seg[dd] = live[dd]
+                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, t_end, XFER_DONE * key_span + x, x)
         n_pending = 0
+
         if n_ev == 0:
             break
         if INCR and record and since >= every and next_ck < cap_ck and n_ev <= ck.ev_t.shape[1]:
-            if save(ck, next_ck, w, placement, now, epoch, 1 if (now < w.ev_t[0] or fresh) else 0, n_ev, n_x,
+            if save(ck, next_ck, w, placement, now, epoch, 1 if (now < ev_t[0] or fresh) else 0, n_ev, n_x,
                     makespan, wm, wo):
                 next_ck += 1
                 since = 0
         if INCR and check:
-            while cj < n_ck and ck.f[cj, 0] < w.ev_t[0]:
+            while cj < n_ck and ck.f[cj, 0] < ev_t[0]:
                 cj += 1
-            if cj < n_ck and ck.f[cj, 0] == w.ev_t[0]:
+            if cj < n_ck and ck.f[cj, 0] == ev_t[0]:
                 if n_moved_done == n_moved and converged(net, ck, base, cj, w, placement, moved_ops, n_ev, n_x,
                                                          key_span, wm, wo):
                     matched = cj
                     break
                 cj += 1
         # ---- handle every event of the next instant
-        if w.ev_t[0] > now:
+        if ev_t[0] > now:
             epoch += 1
-            w.epoch_time[epoch] = w.ev_t[0]
-        now = w.ev_t[0]
-        while n_ev > 0 and w.ev_t[0] == now:
-            kind_key = w.ev_k[0]
-            i = w.ev_id[0]
-            n_ev = heap_pop(w.ev_t, w.ev_k, w.ev_id, n_ev)
+            epoch_time[epoch] = ev_t[0]
+        now = ev_t[0]
+        while n_ev > 0 and ev_t[0] == now:
+            kind_key = ev_k[0]
+            i = ev_id[0]
+            # pop the event heap (written out: a call per event costs more than the sift)
+            n_ev -= 1
+            lt, lk, li = ev_t[n_ev], ev_k[n_ev], ev_id[n_ev]
+            j = 0
+            while True:
+                c = 2 * j + 1
+                if c >= n_ev:
+                    break
+                if c + 1 < n_ev and (ev_t[c + 1] < ev_t[c] or (ev_t[c + 1] == ev_t[c] and ev_k[c + 1] < ev_k[c])):
+                    c += 1
+                if ev_t[c] < lt or (ev_t[c] == lt and ev_k[c] < lk):
+                    ev_t[j] = ev_t[c]
+                    ev_k[j] = ev_k[c]
+                    ev_id[j] = ev_id[c]
+                    j = c
+                else:
+                    break
+            if n_ev > 0:
+                ev_t[j] = lt
+                ev_k[j] = lk
+                ev_id[j] = li
             if INCR:
                 since += 1
                 fresh = False
             if kind_key < key_span:
-                if INCR and w.moved[i]:
+                # -- an op ended: free what its inputs held, hand its outputs on
+                op = i
+                d = placement[op]
+                running[d] = False
+                if INCR and moved[op]:
                     n_moved_done += 1
                 if now > makespan:
                     makespan = now
-                n_x, n_pending, wm, wo = _op_done(net, w, placement, i, epoch, n_x, n_pending, wm, wo, INCR)
+                for e in range(in_ptr[op], in_ptr[op + 1]):
+                    t = in_tensor[e]
+                    prod = tensor_op[t]
+                    if placement[prod] == d:
+                        out_refs[prod] -= 1
+                        wo -= rank[prod] + 1
+                        if out_refs[prod] == 0:
+                            live[d] -= out_bytes[prod]
+                    else:
+                        x = copy_of[t * D + d]
+                        x_refs[x] -= 1
+                        if x_refs[x] == 0:
+                            live[d] -= tensor_bytes[t]
+                refs = 0
+                for t in range(op_tensor_ptr[op], op_tensor_ptr[op + 1]):
+                    for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
+                        c = tensor_cons[e]
+                        dc = placement[c]
+                        if dc == d:
+                            refs += 1
+                            missing[c] -= 1
+                            wm -= rank[c] + 1
+                            if missing[c] == 0:
+                                keyheap_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
+                                rq_size[dc] += 1
+                            continue
+                        x = copy_of[t * D + dc]
+                        if x >= 0 and x < n_x and x_tensor[x] == t and x_dst[x] == dc:
+                            x_refs[x] += 1  # already on its way there
+                            continue
+                        x = n_x
+                        n_x += 1
+                        copy_of[t * D + dc] = x
+                        x_tensor[x] = t
+                        x_src[x] = d
+                        x_dst[x] = dc
+                        x_refs[x] = 1
+                        refs += 1
+                        if not INCR:
+                            for k in range(4):
+                                x_task[x, k] = np.nan
+                        if has_tasks and xcost[0, d] + tensor_bytes[t] * xcost[1, d] != 0.0:
+                            x_next[x] = -1
+                            b0 = tq_base[d]
+                            tq_size[d] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[d],
+                                                   (epoch << 32) | rank[op], (t * D + dc) * 2, x * 2)
+                            continue
+                        l = d * D + dc
+                        x_next[x] = -1
+                        if link_tail[l] >= 0:
+                            x_next[link_tail[l]] = x
+                        else:
+                            link_head[l] = x
+                        link_tail[l] = x
+                        if not link_pending[l]:
+                            link_pending[l] = True
+                            pending[n_pending] = l
+                            n_pending += 1
+                for e in range(ctrl_ptr[op], ctrl_ptr[op + 1]):
+                    c = ctrl_dst[e]
+                    missing[c] -= 1
+                    wm -= rank[c] + 1
+                    if missing[c] == 0:
+                        dc = placement[c]
+                        keyheap_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
+                        rq_size[dc] += 1
+                out_refs[op] = refs
+                wo += refs * np.int64(rank[op] + 1)
+                if refs == 0:
+                    live[d] -= out_bytes[op]
             elif kind_key < 2 * key_span:
-                n_pending = _send_done(w, i, n_pending)
+                # -- a send task ended: the transfer joins its link's queue
+                x = i
+                s = x_src[x]
+                running[s] = False
+                l = s * D + x_dst[x]
+                x_next[x] = -1
+                if link_tail[l] >= 0:
+                    x_next[link_tail[l]] = x
+                else:
+                    link_head[l] = x
+                link_tail[l] = x
+                if not link_pending[l]:
+                    link_pending[l] = True
+                    pending[n_pending] = l
+                    n_pending += 1
             elif kind_key < 3 * key_span:
-                n_pending, wm, wo = _link_done(net, w, placement, i, epoch, n_pending, wm, wo)
+                # -- a link transfer ended: the link is free, the source copy may be
+                # freed, the tensor is on its destination unless a receive task runs first
+                x = i
+                t = x_tensor[x]
+                s = x_src[x]
+                dd = x_dst[x]
+                l = s * D + dd
+                link_busy[l] = False
+                if not link_pending[l]:
+                    link_pending[l] = True
+                    pending[n_pending] = l
+                    n_pending += 1
+                prod = tensor_op[t]
+                out_refs[prod] -= 1
+                wo -= rank[prod] + 1
+                if out_refs[prod] == 0:
+                    live[s] -= out_bytes[prod]
+                if has_tasks and xcost[2, dd] + tensor_bytes[t] * xcost[3, dd] != 0.0:
+                    b0 = tq_base[dd]
+                    tq_size[dd] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[dd],
+                                            (epoch << 32) | rank[prod], (t * D + dd) * 2 + 1, x * 2 + 1)
+                    continue
+                for e in range(tensor_ptr[t], tensor_ptr[t + 1]):  # the tensor is on dd
+                    c = tensor_cons[e]
+                    if placement[c] == dd:
+                        missing[c] -= 1
+                        wm -= rank[c] + 1
+                        if missing[c] == 0:
+                            keyheap_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
+                            rq_size[dd] += 1
             else:
-                wm = _recv_done(net, w, placement, i, epoch, wm)
+                # -- a receive task ended: the tensor is on its destination
+                x = i
+                t = x_tensor[x]
+                dd = x_dst[x]
+                running[dd] = False
+                for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
+                    c = tensor_cons[e]
+                    if placement[c] == dd:
+                        missing[c] -= 1
+                        wm -= rank[c] + 1
+                        if missing[c] == 0:
+                            keyheap_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
+                            rq_size[dd] += 1
     if INCR and record and next_ck > 0 and matched < 0:
         for d in range(D):
-            ck.seg[next_ck - 1, d] = w.seg[d]
+            ck.seg[next_ck - 1, d] = seg[d]
     w.sc[0] = n_ev
     w.sc[1] = n_x
     w.sc[3] = epoch
@@ -695,6 +733,19 @@ def simulate_full(net, w, placement):
     _run(net, w, make_checkpoints(0, 0, 0, 0, 0), make_base(0, 0, 0), placement, np.zeros(0, np.intp), -1, 0,
          False, 1, False, False)
     return w.sf[0], w.sc[1]
+
+
+@njit(cache=True)
+def placement_violation(placement, op_group_first, T):
+    """(first op not on its group's device, first op without a kernel on its device), -1 if none."""
+    split = -1
+    nok = -1
+    for op in range(placement.shape[0]):
+        if split < 0 and placement[op] != placement[op_group_first[op]]:
+            split = op
+        if nok < 0 and not np.isfinite(T[op, placement[op]]):
+            nok = op
+    return split, nok
 
 
 @njit(cache=True)
@@ -742,71 +793,117 @@ def _saved_tasks(ck, j):
 def save(ck, j, w, placement, now, epoch, clean, n_ev, n_x, makespan, wm, wo):
     """Store the state at the top of the loop (every instant before ev_t[0] handled)
     as checkpoint j; False (nothing stored) if its queued tasks do not fit the pool."""
-    D = w.live.shape[0]
+    ck_alive = ck.alive
+    ck_busy = ck.busy
+    ck_ev_id = ck.ev_id
+    ck_ev_k = ck.ev_k
+    ck_ev_t = ck.ev_t
+    ck_f = ck.f
+    ck_i = ck.i
+    ck_link = ck.link
+    ck_live = ck.live
+    ck_livepeak = ck.livepeak
+    ck_op = ck.op
+    ck_rq = ck.rq
+    ck_rqready = ck.rqready
+    ck_rqsize = ck.rqsize
+    ck_running = ck.running
+    ck_seg = ck.seg
+    ck_tq_id = ck.tq_id
+    ck_tq_k1 = ck.tq_k1
+    ck_tq_k2 = ck.tq_k2
+    ck_tq_ready = ck.tq_ready
+    ck_tqsize = ck.tqsize
+    ck_x = ck.x
+    w_busy = w.busy
+    w_epoch_time = w.epoch_time
+    w_ev_id = w.ev_id
+    w_ev_k = w.ev_k
+    w_ev_t = w.ev_t
+    w_link_busy = w.link_busy
+    w_link_head = w.link_head
+    w_link_tail = w.link_tail
+    w_live = w.live
+    w_livepeak = w.livepeak
+    w_missing = w.missing
+    w_out_refs = w.out_refs
+    w_rq = w.rq
+    w_rq_base = w.rq_base
+    w_rq_size = w.rq_size
+    w_running = w.running
+    w_seg = w.seg
+    w_tq_base = w.tq_base
+    w_tq_id = w.tq_id
+    w_tq_k1 = w.tq_k1
+    w_tq_k2 = w.tq_k2
+    w_tq_size = w.tq_size
+    w_x_next = w.x_next
+    w_x_refs = w.x_refs
+    D = w_live.shape[0]
     off = _saved_tasks(ck, j)
     n_tasks = 0
     for d in range(D):
-        n_tasks += w.tq_size[d]
-    if off + n_tasks > ck.tq_k1.shape[0]:
+        n_tasks += w_tq_size[d]
+    if off + n_tasks > ck_tq_k1.shape[0]:
         return False
     if j > 0:
         for d in range(D):
-            ck.seg[j - 1, d] = w.seg[d]
+            ck_seg[j - 1, d] = w_seg[d]
     for d in range(D):
-        w.seg[d] = 0
-    ck.f[j, 0] = w.ev_t[0]
-    ck.f[j, 1] = makespan
-    ck.f[j, 2] = now
-    ck.i[j, 0] = n_x
-    ck.i[j, 1] = n_ev
-    ck.i[j, 2] = epoch
-    ck.i[j, 3] = clean
-    ck.i[j, 4] = wm
-    ck.i[j, 5] = wo
-    ck.i[j, 6] = off
-    ck.i[j, 7] = n_tasks
+        w_seg[d] = 0
+    ck_f[j, 0] = w_ev_t[0]
+    ck_f[j, 1] = makespan
+    ck_f[j, 2] = now
+    ck_i[j, 0] = n_x
+    ck_i[j, 1] = n_ev
+    ck_i[j, 2] = epoch
+    ck_i[j, 3] = clean
+    ck_i[j, 4] = wm
+    ck_i[j, 5] = wo
+    ck_i[j, 6] = off
+    ck_i[j, 7] = n_tasks
     for d in range(D):
-        ck.busy[j, d] = w.busy[d]
-        ck.live[j, d] = w.live[d]
-        ck.livepeak[j, d] = w.livepeak[d]
-        ck.running[j, d] = w.running[d]
-        ck.rqsize[j, d] = w.rq_size[d]
-        ck.tqsize[j, d] = w.tq_size[d]
+        ck_busy[j, d] = w_busy[d]
+        ck_live[j, d] = w_live[d]
+        ck_livepeak[j, d] = w_livepeak[d]
+        ck_running[j, d] = w_running[d]
+        ck_rqsize[j, d] = w_rq_size[d]
+        ck_tqsize[j, d] = w_tq_size[d]
     for l in range(D * D):
-        ck.link[j, 0, l] = w.link_head[l]
-        ck.link[j, 1, l] = w.link_tail[l]
-        ck.link[j, 2, l] = 1 if w.link_busy[l] else 0
+        ck_link[j, 0, l] = w_link_head[l]
+        ck_link[j, 1, l] = w_link_tail[l]
+        ck_link[j, 2, l] = 1 if w_link_busy[l] else 0
     for e in range(n_ev):
-        ck.ev_t[j, e] = w.ev_t[e]
-        ck.ev_k[j, e] = w.ev_k[e]
-        ck.ev_id[j, e] = w.ev_id[e]
+        ck_ev_t[j, e] = w_ev_t[e]
+        ck_ev_k[j, e] = w_ev_k[e]
+        ck_ev_id[j, e] = w_ev_id[e]
     n = placement.shape[0]
     for op in range(n):
-        ck.op[j, 0, op] = w.missing[op]
-        ck.op[j, 1, op] = w.out_refs[op]
+        ck_op[j, 0, op] = w_missing[op]
+        ck_op[j, 1, op] = w_out_refs[op]
     k = 0
     for d in range(D):
-        for i in range(w.rq_size[d]):
-            key = w.rq[w.rq_base[d] + i]
-            ck.rq[j, k] = key
-            ck.rqready[j, k] = w.epoch_time[key >> 32]
+        for i in range(w_rq_size[d]):
+            key = w_rq[w_rq_base[d] + i]
+            ck_rq[j, k] = key
+            ck_rqready[j, k] = w_epoch_time[key >> 32]
             k += 1
     k = off
     for d in range(D):
-        for i in range(w.tq_size[d]):
-            a = w.tq_base[d] + i
-            ck.tq_k1[k] = w.tq_k1[a]
-            ck.tq_k2[k] = w.tq_k2[a]
-            ck.tq_id[k] = w.tq_id[a]
-            ck.tq_ready[k] = w.epoch_time[w.tq_k1[a] >> 32]
+        for i in range(w_tq_size[d]):
+            a = w_tq_base[d] + i
+            ck_tq_k1[k] = w_tq_k1[a]
+            ck_tq_k2[k] = w_tq_k2[a]
+            ck_tq_id[k] = w_tq_id[a]
+            ck_tq_ready[k] = w_epoch_time[w_tq_k1[a] >> 32]
             k += 1
     alive = 0
     for x in range(n_x):
-        ck.x[j, 0, x] = w.x_refs[x]
-        ck.x[j, 1, x] = w.x_next[x]
-        if w.x_refs[x] > 0:
+        ck_x[j, 0, x] = w_x_refs[x]
+        ck_x[j, 1, x] = w_x_next[x]
+        if w_x_refs[x] > 0:
             alive += 1
-    ck.alive[j] = alive
+    ck_alive[j] = alive
     return True
 
 
@@ -817,99 +914,193 @@ def restore(net, w, ck, base, j, placement):
     Valid when no op whose device changed has been touched before the checkpoint: it
     is in no ready heap, running, or an input's destination yet.
     """
-    D = w.live.shape[0]
+    base_x_dst = base.x_dst
+    base_x_src = base.x_src
+    base_x_tensor = base.x_tensor
+    ck_busy = ck.busy
+    ck_ev_id = ck.ev_id
+    ck_ev_k = ck.ev_k
+    ck_ev_t = ck.ev_t
+    ck_f = ck.f
+    ck_i = ck.i
+    ck_link = ck.link
+    ck_live = ck.live
+    ck_livepeak = ck.livepeak
+    ck_op = ck.op
+    ck_rq = ck.rq
+    ck_rqready = ck.rqready
+    ck_rqsize = ck.rqsize
+    ck_running = ck.running
+    ck_tq_id = ck.tq_id
+    ck_tq_k1 = ck.tq_k1
+    ck_tq_k2 = ck.tq_k2
+    ck_tq_ready = ck.tq_ready
+    ck_tqsize = ck.tqsize
+    ck_x = ck.x
+    w_busy = w.busy
+    w_copy_of = w.copy_of
+    w_epoch_time = w.epoch_time
+    w_ev_id = w.ev_id
+    w_ev_k = w.ev_k
+    w_ev_t = w.ev_t
+    w_link_busy = w.link_busy
+    w_link_head = w.link_head
+    w_link_tail = w.link_tail
+    w_live = w.live
+    w_livepeak = w.livepeak
+    w_missing = w.missing
+    w_out_refs = w.out_refs
+    w_rq = w.rq
+    w_rq_base = w.rq_base
+    w_rq_size = w.rq_size
+    w_running = w.running
+    w_sc = w.sc
+    w_seg = w.seg
+    w_sf = w.sf
+    w_tq_base = w.tq_base
+    w_tq_id = w.tq_id
+    w_tq_k1 = w.tq_k1
+    w_tq_k2 = w.tq_k2
+    w_tq_size = w.tq_size
+    w_x_dst = w.x_dst
+    w_x_next = w.x_next
+    w_x_refs = w.x_refs
+    w_x_src = w.x_src
+    w_x_tensor = w.x_tensor
+    D = w_live.shape[0]
     set_bases(net, w, placement)
-    n_x = ck.i[j, 0]
-    n_ev = ck.i[j, 1]
+    n_x = ck_i[j, 0]
+    n_ev = ck_i[j, 1]
     for d in range(D):
-        w.busy[d] = ck.busy[j, d]
-        w.live[d] = ck.live[j, d]
-        w.livepeak[d] = ck.livepeak[j, d]
-        w.seg[d] = 0
-        w.running[d] = ck.running[j, d]
-        w.rq_size[d] = ck.rqsize[j, d]
-        w.tq_size[d] = ck.tqsize[j, d]
+        w_busy[d] = ck_busy[j, d]
+        w_live[d] = ck_live[j, d]
+        w_livepeak[d] = ck_livepeak[j, d]
+        w_seg[d] = 0
+        w_running[d] = ck_running[j, d]
+        w_rq_size[d] = ck_rqsize[j, d]
+        w_tq_size[d] = ck_tqsize[j, d]
     for l in range(D * D):
-        w.link_head[l] = ck.link[j, 0, l]
-        w.link_tail[l] = ck.link[j, 1, l]
-        w.link_busy[l] = ck.link[j, 2, l] != 0
+        w_link_head[l] = ck_link[j, 0, l]
+        w_link_tail[l] = ck_link[j, 1, l]
+        w_link_busy[l] = ck_link[j, 2, l] != 0
     for e in range(n_ev):
-        w.ev_t[e] = ck.ev_t[j, e]
-        w.ev_k[e] = ck.ev_k[j, e]
-        w.ev_id[e] = ck.ev_id[j, e]
+        w_ev_t[e] = ck_ev_t[j, e]
+        w_ev_k[e] = ck_ev_k[j, e]
+        w_ev_id[e] = ck_ev_id[j, e]
     n = placement.shape[0]
     for op in range(n):
-        w.missing[op] = ck.op[j, 0, op]
-        w.out_refs[op] = ck.op[j, 1, op]
+        w_missing[op] = ck_op[j, 0, op]
+        w_out_refs[op] = ck_op[j, 1, op]
     # heaps: the stored slices, re-based for this placement (pop order depends only on keys)
     k = 0
     for d in range(D):
-        for i in range(w.rq_size[d]):
-            key = ck.rq[j, k]
-            w.rq[w.rq_base[d] + i] = key
-            w.epoch_time[key >> 32] = ck.rqready[j, k]
+        for i in range(w_rq_size[d]):
+            key = ck_rq[j, k]
+            w_rq[w_rq_base[d] + i] = key
+            w_epoch_time[key >> 32] = ck_rqready[j, k]
             k += 1
-    k = ck.i[j, 6]
+    k = ck_i[j, 6]
     for d in range(D):
-        for i in range(w.tq_size[d]):
-            a = w.tq_base[d] + i
-            w.tq_k1[a] = ck.tq_k1[k]
-            w.tq_k2[a] = ck.tq_k2[k]
-            w.tq_id[a] = ck.tq_id[k]
-            w.epoch_time[ck.tq_k1[k] >> 32] = ck.tq_ready[k]
+        for i in range(w_tq_size[d]):
+            a = w_tq_base[d] + i
+            w_tq_k1[a] = ck_tq_k1[k]
+            w_tq_k2[a] = ck_tq_k2[k]
+            w_tq_id[a] = ck_tq_id[k]
+            w_epoch_time[ck_tq_k1[k] >> 32] = ck_tq_ready[k]
             k += 1
-    w.epoch_time[ck.i[j, 2]] = ck.f[j, 2]
+    w_epoch_time[ck_i[j, 2]] = ck_f[j, 2]
     for x in range(n_x):
-        t = base.x_tensor[x]
-        w.x_tensor[x] = t
-        w.x_src[x] = base.x_src[x]
-        w.x_dst[x] = base.x_dst[x]
-        w.x_refs[x] = ck.x[j, 0, x]
-        w.x_next[x] = ck.x[j, 1, x]
-        w.copy_of[t * D + base.x_dst[x]] = x
-    w.sc[0] = n_ev
-    w.sc[1] = n_x
-    w.sc[3] = ck.i[j, 2]
-    w.sf[0] = ck.f[j, 1]
-    w.sf[1] = ck.f[j, 2]
-
-
-@njit(cache=True)
-def _same_transfer(w, base, x, y):
-    return base.x_tensor[y] == w.x_tensor[x] and base.x_src[y] == w.x_src[x] and base.x_dst[y] == w.x_dst[x]
+        t = base_x_tensor[x]
+        w_x_tensor[x] = t
+        w_x_src[x] = base_x_src[x]
+        w_x_dst[x] = base_x_dst[x]
+        w_x_refs[x] = ck_x[j, 0, x]
+        w_x_next[x] = ck_x[j, 1, x]
+        w_copy_of[t * D + base_x_dst[x]] = x
+    w_sc[0] = n_ev
+    w_sc[1] = n_x
+    w_sc[3] = ck_i[j, 2]
+    w_sf[0] = ck_f[j, 1]
+    w_sf[1] = ck_f[j, 2]
 
 
 @njit(cache=True)
 def converged(net, ck, base, j, w, placement, moved_ops, n_ev, n_x, key_span, wm, wo):
     """Whether the running state equals base checkpoint ``j`` in everything that shapes
     the future (transfer ids aside, which only name things). Cheap tests first."""
-    if n_ev != ck.i[j, 1] or wm != ck.i[j, 4] or wo != ck.i[j, 5]:
+    base_copy_of = base.copy_of
+    base_x_src = base.x_src
+    base_x_dst = base.x_dst
+    base_x_tensor = base.x_tensor
+    ck_alive = ck.alive
+    ck_ev_id = ck.ev_id
+    ck_ev_k = ck.ev_k
+    ck_ev_t = ck.ev_t
+    ck_i = ck.i
+    ck_link = ck.link
+    ck_live = ck.live
+    ck_op = ck.op
+    ck_rq = ck.rq
+    ck_rqready = ck.rqready
+    ck_rqsize = ck.rqsize
+    ck_running = ck.running
+    ck_tq_k2 = ck.tq_k2
+    ck_tq_ready = ck.tq_ready
+    ck_tqsize = ck.tqsize
+    ck_x = ck.x
+    w_epoch_time = w.epoch_time
+    w_ev_id = w.ev_id
+    w_ev_k = w.ev_k
+    w_ev_t = w.ev_t
+    w_link_busy = w.link_busy
+    w_link_head = w.link_head
+    w_live = w.live
+    w_mark = w.mark
+    w_missing = w.missing
+    w_out_refs = w.out_refs
+    w_rq = w.rq
+    w_rq_base = w.rq_base
+    w_rq_size = w.rq_size
+    w_running = w.running
+    w_tq_base = w.tq_base
+    w_tq_k1 = w.tq_k1
+    w_tq_k2 = w.tq_k2
+    w_tq_size = w.tq_size
+    w_x_dst = w.x_dst
+    w_x_next = w.x_next
+    w_x_refs = w.x_refs
+    w_x_src = w.x_src
+    w_x_tensor = w.x_tensor
+    if n_ev != ck_i[j, 1] or wm != ck_i[j, 4] or wo != ck_i[j, 5]:
         return False
     for i in range(moved_ops.shape[0]):
-        if w.out_refs[moved_ops[i]] != 0:
+        if w_out_refs[moved_ops[i]] != 0:
             return False
-    D = w.live.shape[0]
+    D = w_live.shape[0]
     for d in range(D):
-        if (w.live[d] != ck.live[j, d] or w.running[d] != ck.running[j, d] or w.rq_size[d] != ck.rqsize[j, d]
-                or w.tq_size[d] != ck.tqsize[j, d]):
+        if (w_live[d] != ck_live[j, d] or w_running[d] != ck_running[j, d] or w_rq_size[d] != ck_rqsize[j, d]
+                or w_tq_size[d] != ck_tqsize[j, d]):
             return False
     L = D * D
     for l in range(L):
-        if w.link_busy[l] != (ck.link[j, 2, l] != 0):
+        if w_link_busy[l] != (ck_link[j, 2, l] != 0):
             return False
     # pending events, as a multiset: ops by (time, op), transfer stages by (time, kind,
     # tensor, src, dst)
     for e in range(n_ev):
         found = False
         for f in range(n_ev):
-            if ck.ev_t[j, f] != w.ev_t[e]:
+            if ck_ev_t[j, f] != w_ev_t[e]:
                 continue
-            if w.ev_k[e] < key_span:
-                if ck.ev_k[j, f] < key_span and ck.ev_id[j, f] == w.ev_id[e]:
+            if w_ev_k[e] < key_span:
+                if ck_ev_k[j, f] < key_span and ck_ev_id[j, f] == w_ev_id[e]:
                     found = True
                     break
-            elif ck.ev_k[j, f] // key_span == w.ev_k[e] // key_span and _same_transfer(w, base, w.ev_id[e],
-                                                                                         ck.ev_id[j, f]):
+            elif ck_ev_k[j, f] // key_span == w_ev_k[e] // key_span:
+                x = w_ev_id[e]
+                y = ck_ev_id[j, f]
+                if base_x_tensor[y] != w_x_tensor[x] or base_x_src[y] != w_x_src[x] or base_x_dst[y] != w_x_dst[x]:
+                    continue
                 found = True
                 break
         if not found:
@@ -917,58 +1108,58 @@ def converged(net, ck, base, j, w, placement, moved_ops, n_ev, n_x, key_span, wm
     # ready heaps: same ops (by rank) with the same ready times on each device
     k = 0
     for d in range(D):
-        for i in range(w.rq_size[d]):
-            w.mark[ck.rq[j, k] & LOW] = k + 1
+        for i in range(w_rq_size[d]):
+            w_mark[ck_rq[j, k] & LOW] = k + 1
             k += 1
         ok = True
-        for i in range(w.rq_size[d]):
-            key = w.rq[w.rq_base[d] + i]
-            m = w.mark[key & LOW]
-            if m == 0 or w.epoch_time[key >> 32] != ck.rqready[j, m - 1]:
+        for i in range(w_rq_size[d]):
+            key = w_rq[w_rq_base[d] + i]
+            m = w_mark[key & LOW]
+            if m == 0 or w_epoch_time[key >> 32] != ck_rqready[j, m - 1]:
                 ok = False
-        k -= w.rq_size[d]
-        for i in range(w.rq_size[d]):
-            w.mark[ck.rq[j, k] & LOW] = 0
+        k -= w_rq_size[d]
+        for i in range(w_rq_size[d]):
+            w_mark[ck_rq[j, k] & LOW] = 0
             k += 1
         if not ok:
             return False
     # task heaps: same tasks (by tensor, destination, kind) with the same ready times
-    k = ck.i[j, 6]
+    k = ck_i[j, 6]
     for d in range(D):
-        for i in range(w.tq_size[d]):
-            a = w.tq_base[d] + i
+        for i in range(w_tq_size[d]):
+            a = w_tq_base[d] + i
             found = False
-            for f in range(k, k + w.tq_size[d]):
-                if ck.tq_k2[f] == w.tq_k2[a]:
-                    found = ck.tq_ready[f] == w.epoch_time[w.tq_k1[a] >> 32]
+            for f in range(k, k + w_tq_size[d]):
+                if ck_tq_k2[f] == w_tq_k2[a]:
+                    found = ck_tq_ready[f] == w_epoch_time[w_tq_k1[a] >> 32]
                     break
             if not found:
                 return False
-        k += w.tq_size[d]
+        k += w_tq_size[d]
     # link queues, in order
     for l in range(L):
-        x = w.link_head[l]
-        y = ck.link[j, 0, l]
+        x = w_link_head[l]
+        y = ck_link[j, 0, l]
         while x >= 0 and y >= 0:
-            if w.x_tensor[x] != base.x_tensor[y]:
+            if w_x_tensor[x] != base_x_tensor[y]:
                 return False
-            x = w.x_next[x]
-            y = ck.x[j, 1, y]
+            x = w_x_next[x]
+            y = ck_x[j, 1, y]
         if x >= 0 or y >= 0:
             return False
     n = placement.shape[0]
     for op in range(n):
-        if w.missing[op] != ck.op[j, 0, op] or w.out_refs[op] != ck.op[j, 1, op]:
+        if w_missing[op] != ck_op[j, 0, op] or w_out_refs[op] != ck_op[j, 1, op]:
             return False
     # copies still held (refs > 0) on both sides: same tensor, route and refs
     alive = 0
     for x in range(n_x):
-        if w.x_refs[x] > 0:
+        if w_x_refs[x] > 0:
             alive += 1
-            y = base.copy_of[w.x_tensor[x] * D + w.x_dst[x]]
-            if y < 0 or y >= ck.i[j, 0] or base.x_src[y] != w.x_src[x] or ck.x[j, 0, y] != w.x_refs[x]:
+            y = base_copy_of[w_x_tensor[x] * D + w_x_dst[x]]
+            if y < 0 or y >= ck_i[j, 0] or base_x_src[y] != w_x_src[x] or ck_x[j, 0, y] != w_x_refs[x]:
                 return False
-    return alive == ck.alive[j]
+    return alive == ck_alive[j]
 
 
 # ------------------------------------------------------------------ bounds

@@ -194,6 +194,7 @@ class CostModel:
         # group -> device-kind mask, and which devices each group may use
         self.group_device_ok = (graph.group_allowed[:, None] & cluster.kind_mask[None, :]) != 0
         self._group_first = np.array([ops[0] for ops in graph.group_ops], np.int64)
+        self._op_group_first = np.ascontiguousarray(self._group_first[graph.group], np.intp)
 
     @property
     def n_devices(self) -> int:
@@ -249,16 +250,13 @@ class CostModel:
     def violation(self, p: np.ndarray) -> str | None:
         """Why a per-op placement is invalid (split group, op without kernel), or None."""
         g = self.graph
-        split = np.flatnonzero(p != p[self._group_first[g.group]])
-        if split.size:
-            op = split[0]
-            first = self._group_first[g.group[op]]
-            return (f"group of op {g.names[first]!r} is split: op {g.names[op]!r} is on "
-                    f"{self.cluster.names[p[op]]}, not {self.cluster.names[p[first]]}")
-        nok = np.flatnonzero(~np.isfinite(self.T[np.arange(g.n_ops), p]))
-        if nok.size:
-            op = nok[0]
-            return f"op {g.names[op]!r} ({g.op_types[op]}) has no kernel on {self.cluster.names[p[op]]}"
+        split, nok = kernels.placement_violation(p, self._op_group_first, self.T)
+        if split >= 0:
+            first = self._op_group_first[split]
+            return (f"group of op {g.names[first]!r} is split: op {g.names[split]!r} is on "
+                    f"{self.cluster.names[p[split]]}, not {self.cluster.names[p[first]]}")
+        if nok >= 0:
+            return f"op {g.names[nok]!r} ({g.op_types[nok]}) has no kernel on {self.cluster.names[p[nok]]}"
         return None
 
     # ----------------------------------------------------------- simulation
