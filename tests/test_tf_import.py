@@ -270,6 +270,7 @@ def test_saved_model_infer(models_dir, tmp_path, monkeypatch, tf):
     from placetool.costmodel.tf.importer import trace
 
     monkeypatch.chdir(models_dir)
+    monkeypatch.syspath_prepend(str(models_dir))
     import pt_test_models
 
     pt_test_models.cnn().export(str(tmp_path / "sm"), verbose=False)
@@ -280,12 +281,21 @@ def test_saved_model_infer(models_dir, tmp_path, monkeypatch, tf):
     assert g.param_bytes.sum() == 4 * (27 * 4 + 4 + 36 * 6 + 6 + 9 * 6 + 6 + 216 * 5 + 5)
     assert g.meta["unknown_shapes"] == 0 and g.names == [n.name for n in tr.graph_def.node]
     # recorded so it can be traced again, from anywhere
-    from placetool.costmodel.tf.importer import retrace
-
     assert g.meta["trace"] == {"kind": "saved_model", "source": str((tmp_path / "sm").resolve()), "mode": "infer",
                                "batch": 4, "optimizer": None}
-    monkeypatch.chdir(tmp_path)
-    assert retrace(g).graph.names == g.names
+    # the inlined signature's node names are numbered per process (TF's function uids), so
+    # the same steps in fresh processes give the same names: `placetool import` in one,
+    # tracing again (as `search --verify-top` does) in another
+    r = subprocess.run([sys.executable, "-m", "placetool.cli.main", "import", str(tmp_path / "sm"), "--mode", "infer",
+                        "--batch", "4", "--out", str(tmp_path / "sm.npz")], capture_output=True, text=True,
+                       timeout=240, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    code = ("import sys; from placetool.costmodel.graph import load\n"
+            "from placetool.costmodel.tf.importer import retrace\n"
+            "g = load(sys.argv[1]); print(retrace(g).graph.names == g.names)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "sm.npz")], capture_output=True, text=True,
+                       timeout=240, cwd=tmp_path)
+    assert r.stdout.strip() == "True", r.stderr[-2000:]
     with pytest.raises(Exception, match="use --mode infer"):
         trace(str(tmp_path / "sm"), mode="train", batch=4)
 

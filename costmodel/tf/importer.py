@@ -209,7 +209,12 @@ def check_retraceable(graph) -> dict:
 
 def retrace(graph) -> Traced:
     """Trace ``graph``'s recorded source again (same batch, mode, optimizer, builder
-    options, working directory), to run it on real devices."""
+    options, working directory), to run it on real devices.
+
+    Op names must come out the same. Keras sources do in any process (the session is
+    cleared first); a SavedModel's inlined signature numbers some nodes by TF's
+    per-process function counter, so it traces the same names only as the first trace
+    of a fresh process, as ``placetool import`` and ``placetool search`` each are."""
     src = check_retraceable(graph)
     mode = src.get("mode") or "train"
     if mode == "as-is":
