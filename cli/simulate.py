@@ -62,7 +62,10 @@ def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path,
     check_writable(trace_path, "--trace")
     check_writable(plot_path, "--plot")
     if plot_path:
-        figure_format(plot_path, fmt)  # a wrong suffix or format fails before any work
+        try:  # a wrong suffix or format fails before any work
+            figure_format(plot_path, fmt)
+        except UserError as e:
+            raise UserError(f"--plot {e}") from None
     g, cl, cm = load_problem(graph, cluster, profile)
     p = parse_placement(placement, cm)
     want_trace = bool(trace_path or plot_path)

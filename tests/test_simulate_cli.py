@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 
@@ -67,7 +68,8 @@ def test_infeasible_placement_writes_no_trace(tmp_path):
 
     cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x4"))
     f = tmp_path / "p.json"
-    f.write_text(json.dumps(cm.placement_to_json(cm.single_device("gpu:0"))))
+    # every op on gpu:0, including the input ops that have no GPU kernel
+    f.write_text(json.dumps(cm.placement_to_json(np.full(cm.graph.n_ops, cm.cluster.device_index("gpu:0")))))
     trace = tmp_path / "t.json"
     r = placetool("simulate", "-p", str(f), "--trace", str(trace))
     assert r.returncode == 2 and "no kernel on gpu:0" in r.stderr

@@ -119,27 +119,28 @@ def test_chrome_trace_of_a_real_graph_passes_the_schema():
     assert counts["C"] > 2 * cl.n_devices
 
 
-class _WithSendWork:
-    """A trace with an extra kind of device task, as a simulator that models send/recv work has."""
-
-    def __init__(self, tr):
-        self.__dict__.update(tr.__dict__)
-        self.n_transfers = tr.n_transfers
-
-    def device_tasks(self):
-        return [(0, float(s), float(s) + 0.5, "send", f"send {i}") for i, s in enumerate(self.x_start)]
-
-
-def test_extra_task_kinds_are_exported_and_drawn(tmp_path):
-    cm, r = _fork()
-    tr = _WithSendWork(r.trace)
+def test_send_and_receive_tasks_are_exported_and_drawn(tmp_path):
+    # _fork with device-side transfer costs: a ends at 2 on d0; its send (rank of a, before
+    # c) runs 2-2.5 on d0, so c runs 2.5-6.5; the link 2.5-13.5 (1 + 100/10); the receive
+    # 13.5-15 on d1; b 15-18.
+    g = _fork()[0].graph
+    cm = CostModel(g, cluster(2, latency=1.0, bandwidth=10.0, kinds=["gpu", "gpu"], send_us=[0.5, 0.0],
+                              recv_us=[0.0, 1.5]), op_times=[[2.0, 2.0], [3.0, 3.0], [4.0, 4.0]])
+    tr = cm.simulate({"a": "d0", "b": "d1", "c": "d0"}, trace=True).trace
     doc = chrome_trace(tr, cm.graph, cm.cluster)
     check_chrome_schema(json.loads(json.dumps(doc)))
-    assert [e["name"] for e in doc["traceEvents"] if e.get("cat") == "send"] == ["send 0"]
+    tasks = sorted((e["cat"], e["pid"], e["ts"], e["dur"]) for e in doc["traceEvents"]
+                   if e.get("cat") in ("send", "recv"))
+    assert tasks == [("recv", 2, 13.5, 1.5), ("send", 1, 2.0, 0.5)]
+    ops = {e["name"]: (e["ts"], e["dur"]) for e in doc["traceEvents"] if e.get("ph") == "X" and e["name"] in "abc"}
+    assert ops == {"a": (0.0, 2.0), "c": (2.5, 4.0), "b": (15.0, 3.0)}
     from placetool.costmodel.trace import gantt
 
     gantt(tr, cm.graph, cm.cluster, tmp_path / "g.svg")
-    assert "send/recv work" in (tmp_path / "g.svg").read_text()
+    text = (tmp_path / "g.svg").read_text()
+    assert "send/recv work" in text
+    # busy time counts the send and receive work: d0 a 2 + send 0.5 + c 4, d1 receive 1.5 + b 3
+    assert "36% busy" in text and "25% busy" in text
 
 
 def test_gantt_formats_and_legend(tmp_path):
