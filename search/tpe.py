@@ -122,6 +122,11 @@ def tpe(problem, budget, seed, tracker, variables: int = 100, batch: int = 16, s
         raise SearchError(f"tpe: cannot open Optuna storage {storage!r}: {type(e).__name__}: {e}") from None
     meta["study"] = name
     meta["resumed_trials"] = len(study.trials)
+    # dashboards and later readers of a shared storage see what the study places where
+    for key, value in {"graph": problem.graph.name, "cluster": problem.cluster.name, "ops": problem.graph.n_ops,
+                       "groups": problem.n_groups, "devices": problem.n_devices, "variables": n_chunks,
+                       "seed": seed, "lower_bound_us": float(problem.lower_bound_us())}.items():
+        study.set_user_attr(key, value)
     keep = [KEEP] if anchor else []
     dists = {nm: optuna.distributions.CategoricalDistribution(keep + [int(d) for d in devs[c]])
              for c, nm in enumerate(names)}

@@ -141,6 +141,10 @@ def test_tpe_storage_persists_and_resumes_a_study(tmp_path, kind):
     assert r2.metadata["resumed_trials"] == r1.metadata["trials"] > 0
     st = optuna.load_study(study_name=r1.metadata["study"], storage=_storage(url))
     assert len(st.trials) == r1.metadata["trials"] + r2.metadata["trials"]
+    assert st.study_name.startswith("placetool-tpe-synthetic-200-200ops-k80x2-")
+    attrs = st.user_attrs
+    assert (attrs["graph"], attrs["cluster"], attrs["devices"], attrs["seed"]) == ("synthetic-200", "k80x2", 3, 3)
+    assert attrs["groups"] == cm.graph.n_groups and attrs["lower_bound_us"] == Problem(cm).lower_bound_us()
     # a different seed is a different study
     r3 = run("tpe", Problem(cm), Budget(evals=6), seed=4, storage=url, **opts)
     assert r3.metadata["study"] != r1.metadata["study"] and r3.metadata["resumed_trials"] == 0
