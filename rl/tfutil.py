@@ -16,7 +16,7 @@ def tf(threads: int | None = None):
     """
     global _configured
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from placetool.costmodel.tf.importer import import_tf
+    from placetool.costmodel.tf.session import import_tf
 
     _tf = import_tf()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -43,8 +44,13 @@ def test_readme_example_prints_a_real_step_time(tmp_path):
 @pytest.fixture(scope="module")
 def wheel_venv(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wheel")
+    # build from a clean copy: setuptools reuses a build/ folder, where modules deleted
+    # from the source would live on and slip into the wheel
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis"))
     r = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-              "-w", str(tmp / "dist"), str(ROOT)], cwd=tmp)
+              "-w", str(tmp / "dist"), str(src)], cwd=tmp)
     assert r.returncode == 0, r.stderr
     wheel = next((tmp / "dist").glob("placetool-*.whl"))
     venv = tmp / "venv"

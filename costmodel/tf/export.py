@@ -39,7 +39,7 @@ class ExportError(UserError):
 
 
 def _tf():
-    from .importer import import_tf
+    from .session import import_tf
 
     return import_tf()
 
