@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     with open(spec_file, "w") as f:
         json.dump(spec.cluster_def(), f)
     try:
-        for k, s in enumerate(graphs := (a.graph or DEFAULT_GRAPHS)):
+        for k, s in enumerate(a.graph or DEFAULT_GRAPHS):
             t = trace_graph(s, log)
             gpath, prof, ctoml, rec = (os.path.join(work, f"{k}.{x}") for x in ("npz", "json", "toml", "rec.json"))
             t.graph.save(gpath)

@@ -80,7 +80,7 @@ def memory_timeline(trace, graph, n_devices: int):
     start, end = np.asarray(trace.op_start), np.asarray(trace.op_end)
     src_t = np.asarray(graph.edge_tensor)
     data = src_t >= 0
-    e_src, e_dst, e_t = graph.edge_src[data].astype(np.int64), graph.edge_dst[data].astype(np.int64), src_t[data]
+    e_dst, e_t = graph.edge_dst[data].astype(np.int64), src_t[data]
     prod = graph.tensor_op[e_t].astype(np.int64)
     # an op's outputs live until its last local consumer ends and every transfer of them is done
     free_out = end.copy()

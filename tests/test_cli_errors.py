@@ -4,7 +4,6 @@ exit 2, no traceback — and no silent wrong answer (the probes of a bad-input r
 from __future__ import annotations
 
 import json
-import sqlite3
 
 import pytest
 

@@ -4,7 +4,6 @@ mounts in a private mount namespace (``unshare``; skipped where that is not allo
 
 import functools
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -15,7 +15,7 @@ from placetool.costmodel import CostModel, OpGraph, presets
 from placetool.costmodel.draw import collapse, device_colours, dot_available, to_dot
 from placetool.costmodel.errors import UserError
 
-from .helpers import cluster, nxgraph
+from .helpers import nxgraph
 
 SVG = "{http://www.w3.org/2000/svg}"
 
