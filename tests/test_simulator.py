@@ -346,6 +346,18 @@ def test_trace_shows_send_and_receive_tasks_on_their_devices(tmp_path):
     assert (tmp_path / "g.png").stat().st_size > 0
 
 
+def test_a_cost_model_pickles_and_simulates_the_same_afterwards():
+    import copy
+    import pickle
+
+    cm = model({v: 100 for v in "abcd"}, [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")], [[10, 10]] * 4,
+               send_us=2.0)
+    p = np.array([0, 0, 1, 0])
+    want = cm.simulate(p).step_time_us
+    for other in (pickle.loads(pickle.dumps(cm)), copy.deepcopy(cm)):
+        assert other.simulate(p).step_time_us == want
+
+
 def test_placement_forms_agree():
     cm = model({v: 100 for v in "abcd"}, [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")], [[10, 10]] * 4)
     as_array = cm.simulate(np.array([0, 0, 1, 0])).step_time_us
