@@ -52,21 +52,19 @@ cm.simulate(P[0])
 
 def callgrind_instructions(setup: str, body: str, reps: int) -> float:
     """Instructions per repetition of ``body`` (``i`` counts repetitions), counted by
-    callgrind: a run with ``reps`` repetitions minus one with none, so interpreter start,
-    imports and the numba cache load cancel. Instruction counts do not depend on other
-    load on the machine, unlike times."""
-    counts = []
-    for k in (0, reps):
-        code = setup + f"\nfor i in range({k}):\n" + "\n".join("    " + ln for ln in body.splitlines()) + "\n"
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "cg.out")
-            env = dict(os.environ, NUMBA_NUM_THREADS="1")
-            subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-c", code],
-                           env=env, check=True, capture_output=True)
-            with open(out) as f:
-                totals = [ln for ln in f if ln.startswith(("summary:", "totals:"))]
-            counts.append(int(totals[-1].split()[1]))
-    return (counts[1] - counts[0]) / reps
+    callgrind with instrumentation switched on only around the loop (``callgrind_control
+    -i on``), so interpreter start, imports and the numba cache load are not counted.
+    Instruction counts do not depend on other load on the machine, unlike times."""
+    ctl = "import os, subprocess\ndef _cg(on):\n    subprocess.run(['callgrind_control', '-i', on, str(os.getpid())], check=True, capture_output=True)\n"
+    loop = f"_cg('on')\nfor i in range({reps}):\n" + "\n".join("    " + ln for ln in body.splitlines()) + "\n_cg('off')\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "cg.out")
+        env = dict(os.environ, NUMBA_NUM_THREADS="1")
+        subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+                        sys.executable, "-c", setup + ctl + loop], env=env, check=True, capture_output=True)
+        with open(out) as f:
+            totals = [ln for ln in f if ln.startswith(("summary:", "totals:"))]
+    return int(totals[-1].split()[1]) / reps
 
 
 def timed(fn, reps: int, clock=time.process_time) -> float:

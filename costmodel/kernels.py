@@ -443,7 +443,9 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 link_pending[l] = True
                 pending[n_pending] = l
                 n_pending += 1
-    cap_ck = ck.f.shape[0]
+    ck_f = ck.f
+    cap_ck = ck_f.shape[0]
+    cap_ev = ck.ev_t.shape[1]
     n_moved = moved_ops.shape[0]
     n_moved_done = 0
     next_ck = start_ck + 1
@@ -520,15 +522,15 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
 
         if n_ev == 0:
             break
-        if INCR and record and since >= every and next_ck < cap_ck and n_ev <= ck.ev_t.shape[1]:
+        if INCR and record and since >= every and next_ck < cap_ck and n_ev <= cap_ev:
             if save(ck, next_ck, w, placement, now, epoch, 1 if (now < ev_t[0] or fresh) else 0, n_ev, n_x,
                     makespan, wm, wo):
                 next_ck += 1
                 since = 0
         if INCR and check:
-            while cj < n_ck and ck.f[cj, 0] < ev_t[0]:
+            while cj < n_ck and ck_f[cj, 0] < ev_t[0]:
                 cj += 1
-            if cj < n_ck and ck.f[cj, 0] == ev_t[0]:
+            if cj < n_ck and ck_f[cj, 0] == ev_t[0]:
                 if n_moved_done == n_moved and converged(net, ck, base, cj, w, placement, moved_ops, n_ev, n_x,
                                                          key_span, wm, wo):
                     matched = cj

@@ -131,6 +131,15 @@ class CostModel:
     def n_devices(self) -> int:
         return self.cluster.n_devices
 
+    def __getstate__(self):  # a thread-local workspace does not pickle; each process makes its own
+        d = self.__dict__.copy()
+        d.pop("_local", None)
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self._local = threading.local()
+
     def work(self) -> kernels.Work:
         """This thread's engine workspace (allocated on first use, then reused)."""
         w = getattr(self._local, "work", None)

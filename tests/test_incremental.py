@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from placetool.costmodel import CostModel, OpGraph, UserError, presets
+from placetool.costmodel import Cluster, CostModel, OpGraph, UserError, presets
 from placetool.costmodel.incremental import IncrementalSimulator
 from placetool.search import Problem
 
@@ -133,8 +133,15 @@ def test_incremental_equals_full_simulation(args):
             _same(inc.base, cm.simulate(a))
 
 
-def test_incremental_equals_full_on_a_synthetic_graph_with_commits():
-    cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x4"))
+@pytest.mark.parametrize("transfer_costs", [False, True])
+def test_incremental_equals_full_on_a_synthetic_graph_with_commits(transfer_costs):
+    cl = presets.load_cluster("k80x4")
+    if transfer_costs:  # CPU-worker-like send/receive costs on every device
+        d = cl.to_dict()
+        for dev in d["devices"]:
+            dev.update(send_us=20.0, send_us_per_byte=1e-5, recv_us=15.0, recv_us_per_byte=2e-5)
+        cl = Cluster.from_dict(d)
+    cm = CostModel(presets.load_graph("synthetic-1k"), cl)
     pr = Problem(cm)
     rng = np.random.default_rng(3)
     a = pr.random_assignment(rng)

@@ -335,6 +335,29 @@ def test_trace_exports_chrome_json_and_a_gantt_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_trace_shows_send_and_receive_tasks_on_their_devices(tmp_path):
+    cm = model({"a": 128, "b": 1}, [("a", "b")], [[10, 10]] * 2, bandwidth=16.0, send_us=[1.0, 0.0],
+               send_us_per_byte=[1 / 16, 0.0], recv_us=[0.0, 2.0], recv_us_per_byte=[0.0, 1 / 32])
+    r = run(cm, [0, 1])
+    ev = [e for e in r.trace.to_chrome(cm.graph, cm.cluster)["traceEvents"] if e.get("ph") == "X"]
+    tasks = {e["cat"]: (e["tid"], e["ts"], e["dur"]) for e in ev if e["cat"] in ("send", "recv")}
+    assert tasks == {"send": (0, 10.0, 9.0), "recv": (1, 28.0, 6.0)}
+    r.trace.plot(cm.graph, cm.cluster, tmp_path / "g.png")
+    assert (tmp_path / "g.png").stat().st_size > 0
+
+
+def test_a_cost_model_pickles_and_simulates_the_same_afterwards():
+    import copy
+    import pickle
+
+    cm = model({v: 100 for v in "abcd"}, [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")], [[10, 10]] * 4,
+               send_us=2.0)
+    p = np.array([0, 0, 1, 0])
+    want = cm.simulate(p).step_time_us
+    for other in (pickle.loads(pickle.dumps(cm)), copy.deepcopy(cm)):
+        assert other.simulate(p).step_time_us == want
+
+
 def test_placement_forms_agree():
     cm = model({v: 100 for v in "abcd"}, [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")], [[10, 10]] * 4)
     as_array = cm.simulate(np.array([0, 0, 1, 0])).step_time_us
