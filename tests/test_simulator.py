@@ -340,8 +340,9 @@ def test_trace_shows_send_and_receive_tasks_on_their_devices(tmp_path):
                send_us_per_byte=[1 / 16, 0.0], recv_us=[0.0, 2.0], recv_us_per_byte=[0.0, 1 / 32])
     r = run(cm, [0, 1])
     ev = [e for e in r.trace.to_chrome(cm.graph, cm.cluster)["traceEvents"] if e.get("ph") == "X"]
-    tasks = {e["cat"]: (e["tid"], e["ts"], e["dur"]) for e in ev if e["cat"] in ("send", "recv")}
-    assert tasks == {"send": (0, 10.0, 9.0), "recv": (1, 28.0, 6.0)}
+    # one trace process per device (pid = device + 1)
+    tasks = {e["cat"]: (e["pid"], e["ts"], e["dur"]) for e in ev if e["cat"] in ("send", "recv")}
+    assert tasks == {"send": (1, 10.0, 9.0), "recv": (2, 28.0, 6.0)}
     r.trace.plot(cm.graph, cm.cluster, tmp_path / "g.png")
     assert (tmp_path / "g.png").stat().st_size > 0
 
