@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 from placetool.costmodel.errors import UserError, atomic_write
+from placetool.costmodel.procs import process_alive
 
 SWEEP_KEYS = {"name", "graphs", "clusters", "methods", "seeds", "budget_seconds", "budget_evals",
               "timeout_seconds"}
@@ -431,22 +432,15 @@ def exit_with(pid: int) -> None:
             p.register(fd, select.POLLIN)
             p.poll()  # readable once the process has ended
         else:
-            while _process_alive(pid):
+            while process_alive(pid):
                 time.sleep(0.5)
         os._exit(128 + signal.SIGTERM)
 
-    if not _process_alive(pid):
+    if not process_alive(pid):
         os._exit(128 + signal.SIGTERM)
     threading.Thread(target=watch, name="exit-with-driver", daemon=True).start()
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     try:  # a zombie has ended
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from placetool.costmodel.errors import UserError, atomic_write
+from placetool.costmodel.procs import process_alive
 
 MARKER = "placetool-testbed-worker"
 DEFAULT_TIMEOUT_S = 60.0
@@ -380,12 +381,7 @@ class Testbed:
 def _alive(pid: int, proc=None) -> bool:
     if proc is not None:
         return proc.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    return process_alive(pid)
     # a zombie is not alive
     try:
         with open(f"/proc/{pid}/stat") as f:
