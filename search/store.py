@@ -124,8 +124,8 @@ class ResultStore:
             if not create:
                 raise StoreError(f"{self.path}: has no 'runs' table (not written by placetool sweep)")
             cols = ",\n  ".join(f"{c} {t}" for c, t in COLUMNS)
-            with self.db:
-                self.db.execute(f"CREATE TABLE runs (\n  id INTEGER PRIMARY KEY,\n  {cols},\n"
+            with self.db:  # IF NOT EXISTS: another sweep may be creating the same new file right now
+                self.db.execute(f"CREATE TABLE IF NOT EXISTS runs (\n  id INTEGER PRIMARY KEY,\n  {cols},\n"
                                 f"  UNIQUE ({', '.join(KEY)})\n)")
                 self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             return
