@@ -133,9 +133,9 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
            show_progress):
     """Search a placement of GRAPH on CLUSTER with METHOD within a budget.
 
-    Prints the best placement's simulated step time beside a lower bound (no
-    communication, fastest devices). Exit status 1 if the best placement found does
-    not fit in memory.
+    Prints the best placement's simulated step time beside a lower bound on any
+    placement's step time. Exit status 1 if the best placement found does not fit in
+    memory.
     """
     import placetool.search as S
 
