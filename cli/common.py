@@ -8,7 +8,6 @@ earlier releases used are still accepted (``old=``) but no longer shown in ``--h
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 
@@ -194,36 +193,6 @@ def check_writable(path, option: str | None = None, folder: bool = False) -> Non
             os.unlink(tmp)
     except OSError as e:
         raise UserError(f"cannot write {what}: {e.strerror or e} ({probe})") from None
-
-
-@contextlib.contextmanager
-def atomic_output(path):
-    """A temporary path beside ``path`` (same suffix) that becomes ``path`` only when the
-    block ends without error: a failed write never leaves a half-written file."""
-    import os
-    import tempfile
-    from pathlib import Path
-
-    from placetool.costmodel.errors import OutputError
-
-    p = Path(path)
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=p.resolve().parent, prefix=f".{p.stem}.", suffix=p.suffix)
-        os.close(fd)
-        yield tmp
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except OSError as e:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, UserError):
-            raise
-        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
-    except BaseException:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def fmt_us(us: float) -> str:

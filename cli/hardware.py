@@ -15,10 +15,10 @@ from pathlib import Path
 import click
 import numpy as np
 
-from placetool.costmodel.errors import UserError
+from placetool.costmodel.errors import UserError, atomic_output
 from placetool.costmodel.tf.session import require_tf
 
-from .common import (PositiveFloat, atomic_output, check_writable, emit_json, fmt_us, json_option, placement_option, profile_option,
+from .common import (PositiveFloat, check_writable, emit_json, fmt_us, json_option, placement_option, profile_option,
                      quiet_option, workers_option)
 
 

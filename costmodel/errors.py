@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -15,29 +16,40 @@ class OutputError(UserError, OSError):
     """A file that cannot be written (read-only or full disk, no permission); names it."""
 
 
-def atomic_write(path, data: bytes | str) -> None:
-    """Write a file all at once: readers never see a half-written file. A failure is an
-    :class:`OutputError` naming ``path`` (and nothing is left behind)."""
+@contextlib.contextmanager
+def atomic_output(path):
+    """A temporary path beside ``path`` (same suffix, for writers that pick a format by
+    it) that replaces ``path`` only when the block ends without error: readers never see
+    a half-written file. A failure is an :class:`OutputError` naming ``path``, and
+    nothing is left behind."""
     path = Path(path)
-    if isinstance(data, str):
-        data = data.encode("utf-8")
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+        os.close(fd)
+        yield tmp
         # mkstemp makes 0600 files; outputs are shared (results, placements on shared disks)
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except OSError as e:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, UserError):
+            raise
         raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
     except BaseException:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write(path, data: bytes | str) -> None:
+    """Write a file all at once (see :func:`atomic_output`)."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    with atomic_output(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
 
 
 def read_json(path, what: str, error=UserError):
