@@ -355,13 +355,17 @@ def _pct(x) -> str:
 
 
 # ------------------------------------------------------------------ verify
+def step_overhead_us(profile, p) -> float:
+    """The profile's fixed per-step cost for per-op placement ``p`` (0 without a profile)."""
+    return float(profile.step_overhead(len(np.unique(p)))) if profile is not None else 0.0
+
+
 def predict(cm, profile, p) -> tuple[float, float]:
     """(simulated µs, per-step overhead µs) of per-op placement ``p``."""
     r = cm.simulate(p)
     if not r.feasible and not np.isfinite(r.step_time_us):
         raise UserError(f"placement is invalid: {r.reason}")
-    over = profile.step_overhead(len(np.unique(p))) if profile is not None else 0.0
-    return float(r.step_time_us), float(over)
+    return float(r.step_time_us), step_overhead_us(profile, p)
 
 
 @click.command()

@@ -30,8 +30,9 @@ def check_verify_options(g, cl, testbed_n, cluster_spec, local) -> None:
 
 def predicted_us(cm, profile, p) -> float:
     """Simulated step plus the profile's fixed per-step overhead (what verify predicts)."""
-    over = profile.step_overhead(len(np.unique(p))) if profile is not None else 0.0
-    return float(cm.simulate(p).step_time_us) + over
+    from .hardware import step_overhead_us
+
+    return float(cm.simulate(p).step_time_us) + step_overhead_us(profile, p)
 
 
 def baselines(problem, seed: int, log=None) -> list[tuple[str, str, np.ndarray]]:
@@ -65,9 +66,9 @@ def verify(g, cl, cm, profile_path, problem, result, k, testbed_n, cluster_spec,
     from placetool.costmodel.tf.importer import retrace
     from placetool.costmodel.tf.runner import remap_placement, verify_top
 
-    from .hardware import planned_spec
+    from .hardware import _log, planned_spec
 
-    log = (lambda m: None) if quiet else (lambda m: click.echo(m, err=True))
+    log = _log(quiet)
     prof = load_profile(profile_path) if profile_path else None
     top = [t for t in result.top if t[1]][:k] or result.top[:k]
     cands = [("search", f"search #{i + 1}", g.to_placement(a)) for i, (_, _, a) in enumerate(top)]
