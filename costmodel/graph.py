@@ -328,6 +328,8 @@ class OpGraph:
     def edge_bytes(self) -> np.ndarray:
         """Bytes carried by each edge (0 for control edges)."""
         t = self.edge_tensor
+        if self.n_tensors == 0:  # control edges only
+            return np.zeros(len(t), np.int64)
         return np.where(t >= 0, self.tensor_bytes[np.maximum(t, 0)], 0).astype(np.int64)
 
     @cached_property

@@ -1,5 +1,6 @@
 """OpGraph and Cluster: building, validation with named errors, file round trips."""
 
+import networkx as nx
 import numpy as np
 import pytest
 
@@ -215,3 +216,12 @@ def test_malformed_toml_names_the_file(tmp_path):
 
 def test_helper_cluster_builds():
     assert cluster(3).n_devices == 3
+
+
+def test_graph_with_control_edges_only_has_zero_edge_bytes():
+    g = nx.DiGraph()
+    g.add_node("a", op_type="NoOp", out_bytes=0)
+    g.add_node("b", op_type="NoOp", out_bytes=0)
+    g.add_edge("a", "b", control=True)
+    og = OpGraph.from_networkx(g, "ctrl")
+    assert og.n_tensors == 0 and og.edge_bytes.tolist() == [0]
