@@ -22,9 +22,11 @@ as ``memory_fallbacks``). Every method scores its placement through the tracker.
   device.
 
 The schedules here follow the simulator's rules for transfers (``links="queued"``, the
-default: a tensor goes to a device once, transfers take the idle gaps of their directed
-link, devices pay their send/receive costs, and in m-ETF/m-SCT a device runs its ready
-ops in the simulator's order), so the makespan a scheduler plans
+default: a tensor goes to a device once, transfers queue on their directed link,
+devices pay their send/receive costs, and in m-ETF/m-SCT a device runs its ready ops in
+the simulator's order; HEFT and CPOP, which insert ops into idle gaps, insert transfers
+into the idle gaps of their link, while m-ETF and m-SCT, which book in time order,
+queue them first come first served as the simulator does), so the makespan a scheduler plans
 (``metadata["planned_us"]``) is closer to what the simulator says of its placement
 (``metadata["simulated_us"]``, the step time reported) than the papers' model's.
 ``links="ideal"`` (``--option links=ideal``) gives the papers' variants: every edge
@@ -108,11 +110,17 @@ def _gap(ls, le, cnt, t0, dur):
 
 @njit(cache=True)
 def _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, place, finish,
-                    lat, bw, xc, arrive, link_s, link_e, link_cnt, avail, commit):
+                    lat, bw, xc, arrive, link_s, link_e, link_cnt, avail, commit, insert):
     """When op's inputs are on device d under the simulator's rules: a tensor goes to a
     device once, a transfer leaves when its producer ends and holds its directed link
-    (one at a time: the earliest idle gap of the link's timeline), a send first costs the
-    sender ``xc[0] + xc[1] * bytes`` µs and a receive the receiver ``xc[2] + xc[3] * bytes``.
+    one at a time, a send first costs the sender ``xc[0] + xc[1] * bytes`` µs and a
+    receive the receiver ``xc[2] + xc[3] * bytes``.
+
+    Where a new transfer goes on its link: with ``insert``, the earliest idle gap of the
+    link's timeline (for schedulers that insert ops into idle gaps too); without, after
+    every transfer booked so far, as the simulator's first-queued-first-served links do
+    (right for schedulers that book in time order: a transfer booked later would have
+    been queued later).
     Returns (data-ready time, receive time d spends first). With ``commit`` the
     transfers are booked (``arrive``, the link timelines, the sender's ``avail``)."""
     D = lat.shape[0]
@@ -142,7 +150,11 @@ def _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr
                 last = np.full(D * D, -1.0)
             if last[l] > t0:
                 t0 = last[l]
-            s, pos = _gap(link_s[l], link_e[l], link_cnt[l], t0, dur)
+            if insert:
+                s, pos = _gap(link_s[l], link_e[l], link_cnt[l], t0, dur)
+            else:
+                pos = link_cnt[l]
+                s = max(t0, link_e[l, pos - 1]) if pos > 0 else t0
             last[l] = s + dur
             f = s + dur
             rc += xc[2, d] + xc[3, d] * b
@@ -282,7 +294,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
             if queued:
                 ready, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr,
                                             cpred_src, place, finish, lat, bw, xc, arrive, link_s, link_e,
-                                            link_cnt, avail, False)
+                                            link_cnt, avail, False, insertion)
             else:
                 ready = _data_ready(op, d, pred_ptr, pred_src, pred_bytes, pred_ctrl, place, finish, lat, bw)
                 rc = 0.0
@@ -312,7 +324,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
         d = bd
         if queued:
             _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, place,
-                            finish, lat, bw, xc, arrive, link_s, link_e, link_cnt, avail, True)
+                            finish, lat, bw, xc, arrive, link_s, link_e, link_cnt, avail, True, insertion)
         place[op] = d
         start[op] = bs
         finish[op] = bf
@@ -334,6 +346,30 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
                 size = heap_push(k1, k2, ids, size, -prio[w], rank[w], w)
     return place, start, finish, fallbacks
 
+
+
+@njit(cache=True)
+def _send_ahead(op, d, f, op_tensor_ptr, tensor_ptr, tensor_cons, group, fixed, tensor_bytes, lat, bw, xc,
+                arrive, link_e, link_cnt, avail):
+    """Book op's outputs, ending at ``f``, to the devices fixed beforehand for their
+    consumers' groups, when op ends, as the simulator sends them (first queued first
+    served): the scheduler need not wait for those consumers to be scheduled."""
+    D = lat.shape[0]
+    for t in range(op_tensor_ptr[op], op_tensor_ptr[op + 1]):
+        for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
+            dc = fixed[group[tensor_cons[e]]]
+            if dc < 0 or dc == d or arrive[t * D + dc] >= 0.0:
+                continue
+            b = tensor_bytes[t]
+            l = d * D + dc
+            send = xc[0, d] + xc[1, d] * b
+            pos = link_cnt[l]
+            s = max(f + send, link_e[l, pos - 1]) if pos > 0 else f + send
+            link_e[l, pos] = s + lat[d, dc] + b / bw[d, dc]
+            link_cnt[l] = pos + 1
+            arrive[t * D + dc] = link_e[l, pos]
+            if send > 0.0 and avail[d] < f + send:
+                avail[d] = f + send
 
 # ------------------------------------------------------- ETF (m-ETF, m-SCT)
 @njit(cache=True)
@@ -361,7 +397,8 @@ def _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref, dr, avail, group, ca
 @njit(cache=True)
 def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, succ_dst,
                  group, gdev, gmem, cap, lat, bw, fav_parent,
-                 in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, xc, queued):
+                 in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, xc, queued,
+                 op_tensor_ptr, tensor_ptr, tensor_cons):
     """Earliest task first: start the (ready op, device) pair with the earliest start
     (ties: lower ``tie``, the op's position in priority order); no insertion. An op whose
     favourite parent (``fav_parent`` >= 0) is placed prefers that parent's device.
@@ -378,9 +415,14 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
     pair is checked against the links as they are now and, if it would start later than
     planned, queued again with its new time (keys only grow, so this ends).
 
+    Groups fixed beforehand (``gdev`` >= 0 on entry) send their inputs ahead: a
+    tensor goes to such a group's device when its producer ends, not when the consumer
+    is scheduled, as in the simulator.
+
     Returns (place, start, finish, memory fallbacks).
     """
     n, D = T.shape
+    fixed = gdev.copy()
     # queued: a device runs its ready ops as the simulator does, earliest ready first
     # (ties: ``tie``, then the topological rank)
     fifo = queued
@@ -477,7 +519,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
         if queued:
             r, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
                                     place, finish, lat, bw, xc, arrive, link_s, link_e, link_cnt, avail,
-                                    False)
+                                    False, False)
             if max(r, avail[d]) > bs:  # its links filled up meanwhile: queue it at its new time
                 if rsize[d] > 0:
                     _, rsize[d] = _hpop(rk[d], rt[d], rid[d], rsize[d])
@@ -488,8 +530,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                 continue
             r, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
                                     place, finish, lat, bw, xc, arrive, link_s, link_e, link_cnt, avail,
-                                    True)
-            # booking in order may find a gap taken by a transfer booked just before;
+                                    True, False)
             # a send booked just now may hold the device
             bs = max(bs, r, avail[d])
         placed += 1
@@ -502,6 +543,9 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
         if gdev[g] < 0:
             gdev[g] = d
             used[d] += gmem[g]
+        if queued:
+            _send_ahead(op, d, finish[op], op_tensor_ptr, tensor_ptr, tensor_cons, group, fixed, tensor_bytes, lat,
+                        bw, xc, arrive, link_e, link_cnt, avail)
         for k in range(succ_ptr[op], succ_ptr[op + 1]):
             w = succ_dst[k]
             indeg[w] -= 1
@@ -510,7 +554,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                     if queued:
                         dr[w, e], _ = _transfer_ready(w, e, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr,
                                                       cpred_src, place, finish, lat, bw, xc, arrive, link_s,
-                                                      link_e, link_cnt, avail, False)
+                                                      link_e, link_cnt, avail, False, False)
                     else:
                         dr[w, e] = _data_ready(w, e, pred_ptr, pred_src, pred_bytes, pred_ctrl,
                                                place, finish, lat, bw)
@@ -567,6 +611,9 @@ class _Data:
         self.in_tensor = np.ascontiguousarray(ik % max(g.n_tensors, 1))
         self.in_ptr = np.searchsorted(ik // max(g.n_tensors, 1), np.arange(n + 1)).astype(np.int64)
         self.tensor_op = np.ascontiguousarray(g.tensor_op, np.int64)
+        self.op_tensor_ptr = np.ascontiguousarray(c.op_tensor_ptr, np.int64)
+        self.tensor_ptr = np.ascontiguousarray(c.tensor_ptr, np.int64)
+        self.tensor_cons = np.ascontiguousarray(c.tensor_cons, np.int64)
         self.tensor_bytes = np.ascontiguousarray(g.tensor_bytes, np.float64)
         ce = np.flatnonzero(g.edge_tensor < 0)
         co = ce[np.argsort(g.edge_dst[ce], kind="stable")]
@@ -627,7 +674,8 @@ class _Data:
             tie[np.lexsort((self.rank, -prio))] = np.arange(n)
         out = etf_schedule(tie, self.T, self.pred_ptr, self.pred_src, self.pred_bytes,
                            self.pred_ctrl, self.succ_ptr, self.succ_dst, self.group, gdev, self.gmem,
-                           self.cap, self.lat, self.bw, fav_parent, *self._timeline())
+                           self.cap, self.lat, self.bw, fav_parent, *self._timeline(),
+                           self.op_tensor_ptr, self.tensor_ptr, self.tensor_cons)
         return self._check(gdev), out
 
     def _check(self, gdev):

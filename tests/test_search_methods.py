@@ -5,13 +5,15 @@ from __future__ import annotations
 import networkx as nx
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from placetool.costmodel import CostModel, synthetic
 from placetool.costmodel.graph import OpGraph
 from placetool.search import Budget, Problem, run
-from placetool.search.listsched import _Data, sct_favourite_children
+from placetool.search.listsched import _Data, sct_favourite_children, transfer_costs
 from placetool.search.partition import group_memory_bytes, repair_memory
-from tests.helpers import cluster, nxgraph
+from tests.helpers import assignments, cluster, cost_models, nxgraph
 
 OURS = ["expert", "metis", "mincut", "heft", "critical-path", "m-topo", "m-etf", "m-sct"]
 ALL = OURS + ["single", "round-robin", "random"]
@@ -296,3 +298,25 @@ def test_unknown_links_model_is_a_user_error():
 
     with pytest.raises(SearchError, match="links must be one of queued, ideal"):
         run("m-etf", topcuoglu_problem(), Budget(evals=5), links="fast")
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_etf_timeline_of_a_fixed_placement_is_the_simulation(data):
+    # every group fixed beforehand, devices paying nothing for transfers: m-ETF's
+    # timeline (ready ops in the simulator's order, tensors sent when produced, links
+    # first come first served) must be the simulator's schedule, op by op. Ops and
+    # transfers take time (a zero-length one ends within the instant the simulator has
+    # already dispatched, an order the scheduler does not model).
+    drawn = data.draw(cost_models(max_ops=30))
+    assume(not transfer_costs(drawn.cluster).any())
+    c = drawn.cluster
+    c.latency_us[:] += 1.0 - np.eye(c.n_devices)
+    cm = CostModel(drawn.graph, c, op_times=drawn.T + 1.0)
+    gdev = np.array(data.draw(assignments(cm)), np.int64)
+    d = _Data(Problem(cm))
+    _, (place, start, finish, _) = d.etf(d.rank_u(), gdev=gdev)
+    r = cm.simulate(cm.graph.to_placement(gdev), trace=True)
+    assert np.array_equal(place, cm.graph.to_placement(gdev))
+    assert np.allclose(start, r.trace.op_start, rtol=0, atol=1e-9)
+    assert np.allclose(finish, r.trace.op_end, rtol=0, atol=1e-9)
