@@ -140,7 +140,7 @@ def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, inc
     o = np.argsort(g.edge_src, kind="stable")
     src_ptr = np.searchsorted(g.edge_src[o], np.arange(g.n_ops + 1)).astype(np.int64)
     dst = np.ascontiguousarray(g.edge_dst[o], np.int64)
-    nbytes = np.ascontiguousarray(np.where(data, g.tensor_bytes[np.maximum(g.edge_tensor, 0)], 0)[o], np.float64)
+    nbytes = np.ascontiguousarray(g.edge_bytes[o], np.float64)
     ctrl = np.ascontiguousarray(~data[o])
     lat = np.ascontiguousarray(problem.cluster.latency_us, np.float64)
     bw = np.ascontiguousarray(problem.cluster.bandwidth_bytes_per_us, np.float64)
