@@ -7,8 +7,10 @@ earlier run, or the name of a bundled policy such as ``gdp``: fine-tune it, or w
 ``--budget-evals 1`` place zero-shot), ``logdir`` (each run writes TensorBoard scalars
 and a checkpoint to its own subfolder), ``warm_start`` (default True: like ``sa`` and
 ``tpe``, score the cheap baselines first and start the policy with that placement as its
-mode; False: learn from the network and compute-time prior alone), ``explore`` (with a
-warm start, how many groups a sample moves off the mode on average), plus policy knobs
+mode, also when fine-tuning a pre-trained policy, whose network then decides where
+samples move off that mode; False: learn from the network and compute-time prior
+alone), ``explore`` (with a warm start, how many groups a sample moves off the mode on
+average), plus policy knobs
 (``hidden``, ``max_groups``, ``n_groups``, ``tanh_c``, ``temperature``, ``layers``...)
 and trainer knobs (see :class:`placetool.rl.trainer.TrainConfig`).
 
@@ -111,8 +113,10 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
             raise SearchError(f"rl: policy {kind!r} has no option {', '.join(bad)}")
         pol = policies.make(kind, problem.n_devices, seed=seed, **knobs)
     seeded, start_us = None, None
-    if warm_start and residual is None and folder is None and pol.residual:
-        residual, seeded = _warm_start(pol, problem, budget, seed, tracker, explore)
+    # a pre-trained policy with one evaluation places zero-shot: its own mode, no seeds
+    zero_shot = folder is not None and budget.evals is not None and budget.evals <= 1
+    if warm_start and residual is None and pol.residual and not zero_shot:
+        residual, seeded = _warm_start(pol, problem, budget, seed, tracker, explore, pretrained=folder is not None)
         if seeded is not None:
             start_us = tracker.best_step_us
     if kind == "gdp" and seeded is None and "residual_lr" not in options:
@@ -153,15 +157,17 @@ def warm_margin(atoms, explore: float) -> np.ndarray:
     return np.maximum(np.log(np.maximum(k - 1, 1) * atoms.n / explore), 1.0).astype(np.float32)
 
 
-def _warm_start(pol, problem, budget, seed, tracker, explore):
+def _warm_start(pol, problem, budget, seed, tracker, explore, pretrained: bool = False):
     """Residual tables that make the best cheap placement the policy's mode.
 
     Like ``sa`` and ``tpe``, the cheap baselines and list schedulers registered in
     :func:`placetool.search.seed_methods` are scored first (through the tracker, so they
     count against the budget, with at most 20% of a time budget). For gdp (one atom per
     group) the table reproduces that placement exactly as the argmax; for the coarse
-    policies each atom's device is the most common device of its groups. Returns (tables
-    or None, name of the seed used or None).
+    policies each atom's device is the most common device of its groups. A
+    ``pretrained`` gdp network keeps its preferences among the other devices
+    (:meth:`GDP.anchor_table`); a fresh one has none worth keeping, and its samples leave
+    the mode uniformly. Returns (tables or None, name of the seed used or None).
     """
     try:
         from placetool.search.annealing import seed_assignments
@@ -182,6 +188,8 @@ def _warm_start(pol, problem, budget, seed, tracker, explore):
     np.add.at(votes, (atoms.members, a), 1.0)
     votes[~atoms.allowed] = -1.0
     dev = np.argmax(votes, axis=1)
+    if pretrained and hasattr(pol, "anchor_table"):
+        return [pol.anchor_table(pol.obs(atoms), atoms, dev, explore), *priors[1:]], name
     if hasattr(pol, "warm_table"):
         table = pol.warm_table(pol.obs(atoms), atoms, dev, warm_margin(atoms, explore))
         return [table, *priors[1:]], name

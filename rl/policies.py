@@ -659,6 +659,25 @@ class GDP(Policy):
         target[np.arange(atoms.n), device] = np.broadcast_to(np.asarray(margin, np.float32), (atoms.n,))
         return (target * self.temperature - self.net_logits(obs)).astype(np.float32)
 
+    def anchor_table(self, obs, atoms, device, explore: float) -> np.ndarray:
+        """A residual table that makes ``device`` (one per atom) the mode and leaves the
+        network's logits on the other devices as they are: the mode's logit is set to
+        the log-sum-exp of the others plus log(atoms / explore - 1), so a sample moves
+        about ``explore`` atoms off it in all, towards the devices the network prefers.
+        A pre-trained network so guides the search around a warm start."""
+        z = self.net_logits(obs).astype(np.float64) / self.temperature
+        rows = np.arange(atoms.n)
+        others = np.where(atoms.allowed, z, -np.inf)
+        others[rows, device] = -np.inf
+        top = np.max(others, axis=1)
+        lse = np.zeros(atoms.n)
+        some = np.isfinite(top)  # atoms with another device to go to
+        lse[some] = top[some] + np.log(np.sum(np.exp(others[some] - top[some, None]), axis=1))
+        margin = np.log(max(atoms.n / explore - 1.0, np.e))
+        table = np.zeros((atoms.n, atoms.n_devices), np.float32)
+        table[rows, device] = ((lse + margin) * self.temperature - z[rows, device] * self.temperature)
+        return table
+
     def _sample_impl(self, obs, K, seed, greedy):
         tf = self.tf
         lg = self._logits(obs)

@@ -355,6 +355,38 @@ def test_bundled_policy_places_held_out_graphs_zero_shot():
 
 
 @pytest.mark.timeout(60)
+def test_fine_tuning_a_pretrained_policy_starts_at_the_warm_start_and_keeps_its_preferences():
+    from placetool.rl import policies
+    from placetool.rl.method import bundled_policy
+
+    p = Problem(CostModel(presets.load_graph("synthetic-160"), presets.load_cluster("k80x4")))
+    r = run("rl", p, Budget(evals=60), seed=0, init_from="gdp")
+    seed_us = run(r.metadata["warm_start"], p, Budget(evals=60), seed=0).step_time_us
+    assert r.metadata["warm_start_us"] == r.metadata["mode_start_us"] == seed_us
+    # the table lifts the seed's device above the rest and leaves the network's logits
+    # on the other devices as they were, with the chance to leave the mode set by explore
+    pol, _ = policies.load(bundled_policy("gdp"), n_devices=p.n_devices)
+    atoms = pol.atoms_for(p)
+    obs = pol.obs(atoms)
+    dev = np.arange(atoms.n) % p.n_devices
+    table = pol.anchor_table(obs, atoms, dev, explore=4.0)
+    net = pol.net_logits(obs) / pol.temperature
+    rows = np.arange(atoms.n)
+    z = net + table / pol.temperature
+    assert np.array_equal(np.argmax(np.where(atoms.allowed, z, -np.inf), axis=1), dev)
+    other = atoms.allowed.copy()
+    other[rows, dev] = False
+    np.testing.assert_array_equal(table[other], 0.0)
+    e = np.where(atoms.allowed, np.exp(z - z.max(axis=1, keepdims=True)), 0.0)
+    leave = 1.0 - e[rows, dev] / e.sum(axis=1)
+    multi = atoms.allowed.sum(axis=1) > 1
+    np.testing.assert_allclose(leave[multi], 4.0 / atoms.n, rtol=1e-4)
+    # one evaluation stays zero-shot: the network's own mode, no seeds scored
+    z0 = run("rl", p, Budget(evals=1), seed=0, init_from="gdp")
+    assert z0.evaluations == 1 and z0.metadata["warm_start"] is None
+
+
+@pytest.mark.timeout(60)
 def test_frozen_network_table_step_is_the_policy_gradient(tiny):
     """The closed-form numpy step on the residual table (the default search path) equals
     TensorFlow's gradient of mean(A * log pi(a)) with respect to that table."""
