@@ -14,8 +14,12 @@
 - ``energy``: the interval (energy) bound of Fernandez & Bussell: for a candidate step
   time C every op must run within [head, C - tail] (heads and tails from critical
   paths on the fastest devices); if some window [t1, t2] holds more mandatory work than
-  devices x (t2 - t1), no schedule of length C exists. The largest infeasible C found by
-  bisection over a grid of windows is a bound.
+  the devices can do in t2 - t1, no schedule of length C exists. Devices are counted
+  at their speed: the fastest class (devices with identical op times) does each op's
+  work at its time there, every other device at the best of them for that op, and the
+  fastest class takes the ops that are dearest elsewhere first (a fractional
+  knapsack), so a slow host adds little. The largest infeasible C found by bisection
+  over a grid of windows is a bound.
 
 Every term ignores communication (a placement may avoid it) and memory, so each is a
 valid bound for the simulator's step time of every placement.
@@ -54,30 +58,69 @@ def _heads_tails(topo_order, w, succ_ptr, succ):
 
 
 @njit(cache=True)
-def _energy_infeasible(C, head, tail, p, D, grid, full):
-    """True if some window [grid[a], grid[b]] needs more than D x its length of the
-    work that every op must do inside it under step time C."""
+def _energy_infeasible(C, head, tail, p, order, ra, rb, nA, nB, grid, full):
+    """True if some window [grid[a], grid[b]] holds more work than the devices can do in
+    it under step time C.
+
+    The work every op must do inside the window (``p`` is its fastest time) costs ``ra``
+    times as much on each of the ``nA`` devices of the fastest class and ``rb`` times on
+    each of the other ``nB`` devices (each at its best for that op). The class-A devices
+    take the ops dearest elsewhere first (``order``: rb / ra descending) — a fractional
+    knapsack that minimises what the others must take.
+    """
     K = grid.shape[0]
-    n = p.shape[0]
     for a in range(K):
         t1 = grid[a]
         for b in range(a + 1, K):
             if not full and a > 0 and b < K - 1:  # large graphs: prefixes and suffixes only
                 continue
             t2 = grid[b]
-            cap = D * (t2 - t1)
-            need = 0.0
-            for i in range(n):
+            L = t2 - t1
+            cap_a = nA * L * (1.0 + 1e-12)
+            cap_b = nB * L * (1.0 + 1e-12)
+            load_a = 0.0
+            load_b = 0.0
+            for i in order:
                 if p[i] <= 0.0:
                     continue
                 left = head[i] + p[i] - t1  # overlap when started as early as possible
                 right = t2 - (C - tail[i] - p[i])  # ... and as late as possible
-                m = min(p[i], t2 - t1, left, right)
-                if m > 0.0:
-                    need += m
-                    if need > cap * (1.0 + 1e-12):
-                        return True
+                m = min(p[i], L, left, right)
+                if m <= 0.0:
+                    continue
+                room = cap_a - load_a  # class A first, the rest of the op (if any) elsewhere
+                need_a = m * ra[i]
+                if need_a <= room:
+                    load_a += need_a
+                    continue
+                share = room / need_a if need_a < np.inf and room > 0.0 else 0.0
+                load_a = cap_a if share > 0.0 else load_a
+                load_b += (1.0 - share) * m * rb[i]
+                if load_b > cap_b:
+                    return True
     return False
+
+
+def _speed_classes(T):
+    """(fastest class's devices, per-op time ratios on it and elsewhere): devices with
+    identical op times form a class; the class with the least total time is A, every
+    other device is counted at the best of them for each op."""
+    D = T.shape[1]
+    Tf = np.where(np.isfinite(T), T, np.inf)
+    cols = {}
+    for d in range(D):
+        cols.setdefault(Tf[:, d].tobytes(), []).append(d)
+    classes = list(cols.values())
+    total = [np.where(np.isfinite(Tf[:, c[0]]), Tf[:, c[0]], 1e300).sum() for c in classes]
+    A = classes[int(np.argmin(total))]
+    others = [d for d in range(D) if d not in A]
+    p = Tf.min(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ra = np.where(p > 0, Tf[:, A[0]] / p, 1.0)
+        rb = np.where(p > 0, Tf[:, others].min(axis=1) / p, 1.0) if others else np.full(len(p), np.inf)
+    ra = np.where(np.isnan(ra), np.inf, ra)
+    rb = np.where(np.isnan(rb), np.inf, rb)
+    return len(A), len(others), ra, rb
 
 
 def load_bound(problem, iters: int = 300) -> float:
@@ -117,7 +160,9 @@ def energy_bound(cost_model, start: float, grid_points: int = 24, iters: int = 1
     p = cost_model.T.min(axis=1)
     p = np.where(np.isfinite(p), p, 0.0)
     head, tail = _heads_tails(np.ascontiguousarray(g.topo_order, np.int64), p, *g.successors)
-    D = float(cost_model.n_devices)
+    nA, nB, ra, rb = _speed_classes(cost_model.T)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        order = np.argsort(-(rb / ra), kind="stable").astype(np.int64)
     lo, hi = start, max(start, float(p.sum()))  # C = hi is always feasible for this test
     full = g.n_ops * grid_points ** 2 <= 1_000_000
     if hi <= lo:
@@ -125,7 +170,7 @@ def energy_bound(cost_model, start: float, grid_points: int = 24, iters: int = 1
     for _ in range(iters):
         C = 0.5 * (lo + hi)
         grid = np.linspace(0.0, C, grid_points)
-        if _energy_infeasible(C, head, tail, p, D, grid, full):
+        if _energy_infeasible(C, head, tail, p, order, ra, rb, float(nA), float(nB), grid, full):
             lo = C
         else:
             hi = C
