@@ -387,6 +387,16 @@ def test_fine_tuning_a_pretrained_policy_starts_at_the_warm_start_and_keeps_its_
 
 
 @pytest.mark.timeout(60)
+def test_rl_answers_even_when_start_up_outlasts_the_budget():
+    # a seconds budget spent before the first evaluation (TensorFlow's import alone takes
+    # seconds): the policy's mode is still scored, once, and the result says so
+    t = tiny_problem()
+    r = run("rl", t, Budget(seconds=1e-6), seed=0, init_from="gdp")
+    assert r.evaluations == 1 and t.is_valid(r.assignment)
+    assert r.metadata["source"].startswith("policy's mode, scored after the budget")
+
+
+@pytest.mark.timeout(60)
 def test_frozen_network_table_step_is_the_policy_gradient(tiny):
     """The closed-form numpy step on the residual table (the default search path) equals
     TensorFlow's gradient of mean(A * log pi(a)) with respect to that table."""
