@@ -43,6 +43,7 @@ SEND_DONE = 1
 XFER_DONE = 2
 RECV_DONE = 3
 LOW = np.int64(0xFFFFFFFF)
+U64 = np.uint64
 
 
 # --------------------------------------------------------------------- heaps
@@ -223,6 +224,8 @@ class Work(NamedTuple):
     mark: np.ndarray  # [n] scratch
     sc: np.ndarray  # int64 [4]: n_ev, n_x, n_checkpoints, epoch
     sf: np.ndarray  # float64 [2]: makespan, now (the last instant handled)
+    dev_pending: np.ndarray  # bool [D] device in ``dpend`` (may start a task at the next dispatch)
+    dpend: np.ndarray  # [D]
 
 
 @njit(cache=True)
@@ -244,6 +247,7 @@ def make_work(n, nt, n_data, D):
         np.zeros(cap), np.zeros(cap, np.int64), np.zeros(cap, ip),
         np.zeros(n1), np.zeros(n1), np.zeros(m), np.zeros(m), np.zeros((m, 4)),
         np.zeros(n1, np.bool_), np.zeros(n1, ip), np.zeros(4, np.int64), np.zeros(2),
+        np.zeros(D, np.bool_), np.zeros(D, ip),
     )
 
 
@@ -425,6 +429,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     link_pending, pending = w.link_pending, w.pending
     ev_t, ev_k, ev_id = w.ev_t, w.ev_k, w.ev_id
     op_start, op_end, x_start, x_end, x_task, moved = w.op_start, w.op_end, w.x_start, w.x_end, w.x_task, w.moved
+    dev_pending, dpend = w.dev_pending, w.dpend
 
     D = live.shape[0]
     n = placement.shape[0]
@@ -435,6 +440,13 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     makespan = w.sf[0]
     now = w.sf[1]
     n_pending = 0
+    # dispatch visits only devices that may start a task: every device first, then those
+    # that fell idle or got a ready task while idle (an idle device has nothing ready
+    # after a dispatch, and the order devices start in changes nothing)
+    for d in range(D):
+        dev_pending[d] = True
+        dpend[d] = d
+    n_dpend = D
     if INCR:
         # pending links are not part of a checkpoint: after a restore every link may start
         for l in range(D * D):
@@ -464,7 +476,9 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     matched = -1
     while True:
         # ---- dispatch: idle devices start their best ready task, idle links their oldest transfer
-        for d in range(D):
+        for k in range(n_dpend):
+            d = dpend[k]
+            dev_pending[d] = False
             if running[d]:
                 continue
             if has_tasks and tq_size[d] > 0 and (rq_size[d] == 0 or tq_k1[tq_base[d]] < rq[rq_base[d]]):
@@ -519,6 +533,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                     seg[dd] = live[dd]
                 n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, t_end, XFER_DONE * key_span + x, x)
         n_pending = 0
+        n_dpend = 0
 
         if n_ev == 0:
             break
@@ -544,16 +559,19 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
         while n_ev > 0 and ev_t[0] == now:
             kind_key = ev_k[0]
             i = ev_id[0]
-            # pop the event heap (written out: a call per event costs more than the sift)
+            # pop the event heap (written out: a call per event costs more than the sift;
+            # unsigned positions spare every access numba's negative-index wraparound)
             n_ev -= 1
-            lt, lk, li = ev_t[n_ev], ev_k[n_ev], ev_id[n_ev]
-            j = 0
+            un = U64(n_ev)
+            lt, lk, li = ev_t[un], ev_k[un], ev_id[un]
+            j = U64(0)
             while True:
-                c = 2 * j + 1
-                if c >= n_ev:
+                c = U64(2) * j + U64(1)
+                if c >= un:
                     break
-                if c + 1 < n_ev and (ev_t[c + 1] < ev_t[c] or (ev_t[c + 1] == ev_t[c] and ev_k[c + 1] < ev_k[c])):
-                    c += 1
+                r = c + U64(1)
+                if r < un and (ev_t[r] < ev_t[c] or (ev_t[r] == ev_t[c] and ev_k[r] < ev_k[c])):
+                    c = r
                 if ev_t[c] < lt or (ev_t[c] == lt and ev_k[c] < lk):
                     ev_t[j] = ev_t[c]
                     ev_k[j] = ev_k[c]
@@ -573,6 +591,10 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 op = i
                 d = placement[op]
                 running[d] = False
+                if not dev_pending[d]:
+                    dev_pending[d] = True
+                    dpend[n_dpend] = d
+                    n_dpend += 1
                 if INCR and moved[op]:
                     n_moved_done += 1
                 if now > makespan:
@@ -643,6 +665,10 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         dc = placement[c]
                         keyheap_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
                         rq_size[dc] += 1
+                        if not running[dc] and not dev_pending[dc]:
+                            dev_pending[dc] = True
+                            dpend[n_dpend] = dc
+                            n_dpend += 1
                 out_refs[op] = refs
                 wo += refs * np.int64(rank[op] + 1)
                 if refs == 0:
@@ -652,6 +678,10 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 x = i
                 s = x_src[x]
                 running[s] = False
+                if not dev_pending[s]:
+                    dev_pending[s] = True
+                    dpend[n_dpend] = s
+                    n_dpend += 1
                 l = s * D + x_dst[x]
                 x_next[x] = -1
                 if link_tail[l] >= 0:
@@ -685,6 +715,10 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                     b0 = tq_base[dd]
                     tq_size[dd] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[dd],
                                             (epoch << 32) | rank[prod], (t * D + dd) * 2 + 1, x * 2 + 1)
+                    if not running[dd] and not dev_pending[dd]:
+                        dev_pending[dd] = True
+                        dpend[n_dpend] = dd
+                        n_dpend += 1
                     continue
                 for e in range(tensor_ptr[t], tensor_ptr[t + 1]):  # the tensor is on dd
                     c = tensor_cons[e]
@@ -694,12 +728,20 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         if missing[c] == 0:
                             keyheap_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
                             rq_size[dd] += 1
+                            if not running[dd] and not dev_pending[dd]:
+                                dev_pending[dd] = True
+                                dpend[n_dpend] = dd
+                                n_dpend += 1
             else:
                 # -- a receive task ended: the tensor is on its destination
                 x = i
                 t = x_tensor[x]
                 dd = x_dst[x]
                 running[dd] = False
+                if not dev_pending[dd]:
+                    dev_pending[dd] = True
+                    dpend[n_dpend] = dd
+                    n_dpend += 1
                 for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
                     c = tensor_cons[e]
                     if placement[c] == dd:
