@@ -23,6 +23,11 @@ bytes are constant over a run, so peak = parameters + peak live, added by the ca
 an entry counts only if it points below ``n_x`` at a transfer of that tensor to that
 device.
 
+Every array index inside the loop is cast to unsigned (``U64(...)``, free at run time):
+numba then skips its negative-index wraparound, a sign test and a reload of the array's
+length at every access, which was about a third of the loop's instructions. The indices
+are never negative there (sentinels such as ``-1`` are tested before they index).
+
 Ready queues: per device, a heap of int64 op keys ``(epoch << 32) | rank`` (the epoch
 counts distinct event instants; ready times only grow, so (epoch, rank) orders exactly
 like (ready time, rank)), and a heap of send/receive tasks keyed by ``(epoch << 32 |
@@ -100,42 +105,44 @@ def heap_pop(ev_t, ev_k, ev_id, size):
 @njit(cache=True)
 def keyheap_push(heap, base, size, key):
     """Push an int64 key onto a device's ready heap heap[base:base+size] (a min-heap)."""
-    j = size
+    h = U64(base)
+    j = U64(size)
     while j > 0:
-        parent = (j - 1) >> 1
-        q = heap[base + parent]
+        parent = (j - U64(1)) >> U64(1)
+        q = heap[h + parent]
         if key < q:
-            heap[base + j] = q
+            heap[h + j] = q
             j = parent
         else:
             break
-    heap[base + j] = key
+    heap[h + j] = key
 
 
 @njit(cache=True)
 def keyheap_pop(heap, base, size):
     """Pop the smallest key of a device's ready heap (``size`` is the size before popping)."""
-    top = heap[base]
-    size -= 1
-    last = heap[base + size]
-    j = 0
+    h = U64(base)
+    top = heap[h]
+    n = U64(size - 1)
+    last = heap[h + n]
+    j = U64(0)
     while True:
-        c = 2 * j + 1
-        if c >= size:
+        c = U64(2) * j + U64(1)
+        if c >= n:
             break
-        a = heap[base + c]
-        if c + 1 < size:
-            b = heap[base + c + 1]
+        a = heap[h + c]
+        if c + U64(1) < n:
+            b = heap[h + c + U64(1)]
             if b < a:
-                c += 1
+                c += U64(1)
                 a = b
         if a < last:
-            heap[base + j] = a
+            heap[h + j] = a
             j = c
         else:
             break
-    if size > 0:
-        heap[base + j] = last
+    if n > 0:
+        heap[h + j] = last
     return top
 
 
@@ -477,60 +484,61 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     while True:
         # ---- dispatch: idle devices start their best ready task, idle links their oldest transfer
         for k in range(n_dpend):
-            d = dpend[k]
-            dev_pending[d] = False
-            if running[d]:
+            d = dpend[U64(k)]
+            dev_pending[U64(d)] = False
+            if running[U64(d)]:
                 continue
-            if has_tasks and tq_size[d] > 0 and (rq_size[d] == 0 or tq_k1[tq_base[d]] < rq[rq_base[d]]):
-                b0 = tq_base[d]
-                task = tq_id[b0]
-                tq_size[d] = heap_pop(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[d])
+            if has_tasks and tq_size[U64(d)] > 0 and (rq_size[U64(d)] == 0
+                                                      or tq_k1[U64(tq_base[U64(d)])] < rq[U64(rq_base[U64(d)])]):
+                b0 = tq_base[U64(d)]
+                task = tq_id[U64(b0)]
+                tq_size[U64(d)] = heap_pop(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[U64(d)])
                 x = task >> 1
                 recv = task & 1
-                b = tensor_bytes[x_tensor[x]]
-                dur = xcost[2 * recv, d] + b * xcost[2 * recv + 1, d]
-                running[d] = True
-                busy[d] += dur
+                b = tensor_bytes[U64(x_tensor[U64(x)])]
+                dur = xcost[U64(2 * recv), U64(d)] + b * xcost[U64(2 * recv + 1), U64(d)]
+                running[U64(d)] = True
+                busy[U64(d)] += dur
                 if not INCR:
-                    x_task[x, 2 * recv] = now
-                    x_task[x, 2 * recv + 1] = now + dur
+                    x_task[U64(x), U64(2 * recv)] = now
+                    x_task[U64(x), U64(2 * recv + 1)] = now + dur
                 n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, now + dur, (SEND_DONE + 2 * recv) * key_span + x, x)
-            elif rq_size[d] > 0:
-                op = topo_order[keyheap_pop(rq, rq_base[d], rq_size[d]) & LOW]
-                rq_size[d] -= 1
-                running[d] = True
-                end = now + T[op, d]
+            elif rq_size[U64(d)] > 0:
+                op = topo_order[U64(keyheap_pop(rq, rq_base[U64(d)], rq_size[U64(d)]) & LOW)]
+                rq_size[U64(d)] -= 1
+                running[U64(d)] = True
+                end = now + T[U64(op), U64(d)]
                 if not INCR:
-                    op_start[op] = now
-                op_end[op] = end
-                busy[d] += T[op, d]
-                live[d] += out_bytes[op]
-                if live[d] > livepeak[d]:
-                    livepeak[d] = live[d]
-                if INCR and live[d] > seg[d]:
-                    seg[d] = live[d]
-                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, end, OP_DONE * key_span + rank[op], op)
+                    op_start[U64(op)] = now
+                op_end[U64(op)] = end
+                busy[U64(d)] += T[U64(op), U64(d)]
+                live[U64(d)] += out_bytes[U64(op)]
+                if live[U64(d)] > livepeak[U64(d)]:
+                    livepeak[U64(d)] = live[U64(d)]
+                if INCR and live[U64(d)] > seg[U64(d)]:
+                    seg[U64(d)] = live[U64(d)]
+                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, end, OP_DONE * key_span + rank[U64(op)], op)
         for k in range(n_pending):
-            l = pending[k]
-            link_pending[l] = False
-            if not link_busy[l] and link_head[l] >= 0:
-                x = link_head[l]
-                link_head[l] = x_next[x]
-                if link_head[l] < 0:
-                    link_tail[l] = -1
-                link_busy[l] = True
-                s = x_src[x]
-                dd = x_dst[x]
-                b = tensor_bytes[x_tensor[x]]
-                t_end = now + (latency[s, dd] + b / bandwidth[s, dd])
+            l = pending[U64(k)]
+            link_pending[U64(l)] = False
+            if not link_busy[U64(l)] and link_head[U64(l)] >= 0:
+                x = link_head[U64(l)]
+                link_head[U64(l)] = x_next[U64(x)]
+                if link_head[U64(l)] < 0:
+                    link_tail[U64(l)] = -1
+                link_busy[U64(l)] = True
+                s = x_src[U64(x)]
+                dd = x_dst[U64(x)]
+                b = tensor_bytes[U64(x_tensor[U64(x)])]
+                t_end = now + (latency[U64(s), U64(dd)] + b / bandwidth[U64(s), U64(dd)])
                 if not INCR:
-                    x_start[x] = now
-                    x_end[x] = t_end
-                live[dd] += b
-                if live[dd] > livepeak[dd]:
-                    livepeak[dd] = live[dd]
-                if INCR and live[dd] > seg[dd]:
-                    seg[dd] = live[dd]
+                    x_start[U64(x)] = now
+                    x_end[U64(x)] = t_end
+                live[U64(dd)] += b
+                if live[U64(dd)] > livepeak[U64(dd)]:
+                    livepeak[U64(dd)] = live[U64(dd)]
+                if INCR and live[U64(dd)] > seg[U64(dd)]:
+                    seg[U64(dd)] = live[U64(dd)]
                 n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, t_end, XFER_DONE * key_span + x, x)
         n_pending = 0
         n_dpend = 0
@@ -554,7 +562,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
         # ---- handle every event of the next instant
         if ev_t[0] > now:
             epoch += 1
-            epoch_time[epoch] = ev_t[0]
+            epoch_time[U64(epoch)] = ev_t[0]
         now = ev_t[0]
         while n_ev > 0 and ev_t[0] == now:
             kind_key = ev_k[0]
@@ -589,167 +597,167 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
             if kind_key < key_span:
                 # -- an op ended: free what its inputs held, hand its outputs on
                 op = i
-                d = placement[op]
-                running[d] = False
-                if not dev_pending[d]:
-                    dev_pending[d] = True
-                    dpend[n_dpend] = d
+                d = placement[U64(op)]
+                running[U64(d)] = False
+                if not dev_pending[U64(d)]:
+                    dev_pending[U64(d)] = True
+                    dpend[U64(n_dpend)] = d
                     n_dpend += 1
-                if INCR and moved[op]:
+                if INCR and moved[U64(op)]:
                     n_moved_done += 1
                 if now > makespan:
                     makespan = now
-                for e in range(in_ptr[op], in_ptr[op + 1]):
-                    t = in_tensor[e]
-                    prod = tensor_op[t]
-                    if placement[prod] == d:
-                        out_refs[prod] -= 1
-                        wo -= rank[prod] + 1
-                        if out_refs[prod] == 0:
-                            live[d] -= out_bytes[prod]
+                for e in range(in_ptr[U64(op)], in_ptr[U64(op + 1)]):
+                    t = in_tensor[U64(e)]
+                    prod = tensor_op[U64(t)]
+                    if placement[U64(prod)] == d:
+                        out_refs[U64(prod)] -= 1
+                        wo -= rank[U64(prod)] + 1
+                        if out_refs[U64(prod)] == 0:
+                            live[U64(d)] -= out_bytes[U64(prod)]
                     else:
-                        x = copy_of[t * D + d]
-                        x_refs[x] -= 1
-                        if x_refs[x] == 0:
-                            live[d] -= tensor_bytes[t]
+                        x = copy_of[U64(t * D + d)]
+                        x_refs[U64(x)] -= 1
+                        if x_refs[U64(x)] == 0:
+                            live[U64(d)] -= tensor_bytes[U64(t)]
                 refs = 0
-                for t in range(op_tensor_ptr[op], op_tensor_ptr[op + 1]):
-                    for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
-                        c = tensor_cons[e]
-                        dc = placement[c]
+                for t in range(op_tensor_ptr[U64(op)], op_tensor_ptr[U64(op + 1)]):
+                    for e in range(tensor_ptr[U64(t)], tensor_ptr[U64(t + 1)]):
+                        c = tensor_cons[U64(e)]
+                        dc = placement[U64(c)]
                         if dc == d:
                             refs += 1
-                            missing[c] -= 1
-                            wm -= rank[c] + 1
-                            if missing[c] == 0:
-                                keyheap_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
-                                rq_size[dc] += 1
+                            missing[U64(c)] -= 1
+                            wm -= rank[U64(c)] + 1
+                            if missing[U64(c)] == 0:
+                                keyheap_push(rq, rq_base[U64(dc)], rq_size[U64(dc)], (epoch << 32) | rank[U64(c)])
+                                rq_size[U64(dc)] += 1
                             continue
-                        x = copy_of[t * D + dc]
-                        if x >= 0 and x < n_x and x_tensor[x] == t and x_dst[x] == dc:
-                            x_refs[x] += 1  # already on its way there
+                        x = copy_of[U64(t * D + dc)]
+                        if x >= 0 and x < n_x and x_tensor[U64(x)] == t and x_dst[U64(x)] == dc:
+                            x_refs[U64(x)] += 1  # already on its way there
                             continue
                         x = n_x
                         n_x += 1
-                        copy_of[t * D + dc] = x
-                        x_tensor[x] = t
-                        x_src[x] = d
-                        x_dst[x] = dc
-                        x_refs[x] = 1
+                        copy_of[U64(t * D + dc)] = x
+                        x_tensor[U64(x)] = t
+                        x_src[U64(x)] = d
+                        x_dst[U64(x)] = dc
+                        x_refs[U64(x)] = 1
                         refs += 1
                         if not INCR:
                             for k in range(4):
-                                x_task[x, k] = np.nan
-                        if has_tasks and xcost[0, d] + tensor_bytes[t] * xcost[1, d] != 0.0:
-                            x_next[x] = -1
-                            b0 = tq_base[d]
-                            tq_size[d] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[d],
-                                                   (epoch << 32) | rank[op], (t * D + dc) * 2, x * 2)
+                                x_task[U64(x), U64(k)] = np.nan
+                        if has_tasks and xcost[0, U64(d)] + tensor_bytes[U64(t)] * xcost[1, U64(d)] != 0.0:
+                            x_next[U64(x)] = -1
+                            b0 = tq_base[U64(d)]
+                            tq_size[U64(d)] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[U64(d)],
+                                                   (epoch << 32) | rank[U64(op)], (t * D + dc) * 2, x * 2)
                             continue
                         l = d * D + dc
-                        x_next[x] = -1
-                        if link_tail[l] >= 0:
-                            x_next[link_tail[l]] = x
+                        x_next[U64(x)] = -1
+                        if link_tail[U64(l)] >= 0:
+                            x_next[U64(link_tail[U64(l)])] = x
                         else:
-                            link_head[l] = x
-                        link_tail[l] = x
-                        if not link_pending[l]:
-                            link_pending[l] = True
-                            pending[n_pending] = l
+                            link_head[U64(l)] = x
+                        link_tail[U64(l)] = x
+                        if not link_pending[U64(l)]:
+                            link_pending[U64(l)] = True
+                            pending[U64(n_pending)] = l
                             n_pending += 1
-                for e in range(ctrl_ptr[op], ctrl_ptr[op + 1]):
-                    c = ctrl_dst[e]
-                    missing[c] -= 1
-                    wm -= rank[c] + 1
-                    if missing[c] == 0:
-                        dc = placement[c]
-                        keyheap_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
-                        rq_size[dc] += 1
-                        if not running[dc] and not dev_pending[dc]:
-                            dev_pending[dc] = True
-                            dpend[n_dpend] = dc
+                for e in range(ctrl_ptr[U64(op)], ctrl_ptr[U64(op + 1)]):
+                    c = ctrl_dst[U64(e)]
+                    missing[U64(c)] -= 1
+                    wm -= rank[U64(c)] + 1
+                    if missing[U64(c)] == 0:
+                        dc = placement[U64(c)]
+                        keyheap_push(rq, rq_base[U64(dc)], rq_size[U64(dc)], (epoch << 32) | rank[U64(c)])
+                        rq_size[U64(dc)] += 1
+                        if not running[U64(dc)] and not dev_pending[U64(dc)]:
+                            dev_pending[U64(dc)] = True
+                            dpend[U64(n_dpend)] = dc
                             n_dpend += 1
-                out_refs[op] = refs
-                wo += refs * np.int64(rank[op] + 1)
+                out_refs[U64(op)] = refs
+                wo += refs * np.int64(rank[U64(op)] + 1)
                 if refs == 0:
-                    live[d] -= out_bytes[op]
+                    live[U64(d)] -= out_bytes[U64(op)]
             elif kind_key < 2 * key_span:
                 # -- a send task ended: the transfer joins its link's queue
                 x = i
-                s = x_src[x]
-                running[s] = False
-                if not dev_pending[s]:
-                    dev_pending[s] = True
-                    dpend[n_dpend] = s
+                s = x_src[U64(x)]
+                running[U64(s)] = False
+                if not dev_pending[U64(s)]:
+                    dev_pending[U64(s)] = True
+                    dpend[U64(n_dpend)] = s
                     n_dpend += 1
-                l = s * D + x_dst[x]
-                x_next[x] = -1
-                if link_tail[l] >= 0:
-                    x_next[link_tail[l]] = x
+                l = s * D + x_dst[U64(x)]
+                x_next[U64(x)] = -1
+                if link_tail[U64(l)] >= 0:
+                    x_next[U64(link_tail[U64(l)])] = x
                 else:
-                    link_head[l] = x
-                link_tail[l] = x
-                if not link_pending[l]:
-                    link_pending[l] = True
-                    pending[n_pending] = l
+                    link_head[U64(l)] = x
+                link_tail[U64(l)] = x
+                if not link_pending[U64(l)]:
+                    link_pending[U64(l)] = True
+                    pending[U64(n_pending)] = l
                     n_pending += 1
             elif kind_key < 3 * key_span:
                 # -- a link transfer ended: the link is free, the source copy may be
                 # freed, the tensor is on its destination unless a receive task runs first
                 x = i
-                t = x_tensor[x]
-                s = x_src[x]
-                dd = x_dst[x]
+                t = x_tensor[U64(x)]
+                s = x_src[U64(x)]
+                dd = x_dst[U64(x)]
                 l = s * D + dd
-                link_busy[l] = False
-                if not link_pending[l]:
-                    link_pending[l] = True
-                    pending[n_pending] = l
+                link_busy[U64(l)] = False
+                if not link_pending[U64(l)]:
+                    link_pending[U64(l)] = True
+                    pending[U64(n_pending)] = l
                     n_pending += 1
-                prod = tensor_op[t]
-                out_refs[prod] -= 1
-                wo -= rank[prod] + 1
-                if out_refs[prod] == 0:
-                    live[s] -= out_bytes[prod]
-                if has_tasks and xcost[2, dd] + tensor_bytes[t] * xcost[3, dd] != 0.0:
-                    b0 = tq_base[dd]
-                    tq_size[dd] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[dd],
-                                            (epoch << 32) | rank[prod], (t * D + dd) * 2 + 1, x * 2 + 1)
-                    if not running[dd] and not dev_pending[dd]:
-                        dev_pending[dd] = True
-                        dpend[n_dpend] = dd
+                prod = tensor_op[U64(t)]
+                out_refs[U64(prod)] -= 1
+                wo -= rank[U64(prod)] + 1
+                if out_refs[U64(prod)] == 0:
+                    live[U64(s)] -= out_bytes[U64(prod)]
+                if has_tasks and xcost[2, U64(dd)] + tensor_bytes[U64(t)] * xcost[3, U64(dd)] != 0.0:
+                    b0 = tq_base[U64(dd)]
+                    tq_size[U64(dd)] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[U64(dd)],
+                                            (epoch << 32) | rank[U64(prod)], (t * D + dd) * 2 + 1, x * 2 + 1)
+                    if not running[U64(dd)] and not dev_pending[U64(dd)]:
+                        dev_pending[U64(dd)] = True
+                        dpend[U64(n_dpend)] = dd
                         n_dpend += 1
                     continue
-                for e in range(tensor_ptr[t], tensor_ptr[t + 1]):  # the tensor is on dd
-                    c = tensor_cons[e]
-                    if placement[c] == dd:
-                        missing[c] -= 1
-                        wm -= rank[c] + 1
-                        if missing[c] == 0:
-                            keyheap_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
-                            rq_size[dd] += 1
-                            if not running[dd] and not dev_pending[dd]:
-                                dev_pending[dd] = True
-                                dpend[n_dpend] = dd
+                for e in range(tensor_ptr[U64(t)], tensor_ptr[U64(t + 1)]):  # the tensor is on dd
+                    c = tensor_cons[U64(e)]
+                    if placement[U64(c)] == dd:
+                        missing[U64(c)] -= 1
+                        wm -= rank[U64(c)] + 1
+                        if missing[U64(c)] == 0:
+                            keyheap_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)])
+                            rq_size[U64(dd)] += 1
+                            if not running[U64(dd)] and not dev_pending[U64(dd)]:
+                                dev_pending[U64(dd)] = True
+                                dpend[U64(n_dpend)] = dd
                                 n_dpend += 1
             else:
                 # -- a receive task ended: the tensor is on its destination
                 x = i
-                t = x_tensor[x]
-                dd = x_dst[x]
-                running[dd] = False
-                if not dev_pending[dd]:
-                    dev_pending[dd] = True
-                    dpend[n_dpend] = dd
+                t = x_tensor[U64(x)]
+                dd = x_dst[U64(x)]
+                running[U64(dd)] = False
+                if not dev_pending[U64(dd)]:
+                    dev_pending[U64(dd)] = True
+                    dpend[U64(n_dpend)] = dd
                     n_dpend += 1
-                for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
-                    c = tensor_cons[e]
-                    if placement[c] == dd:
-                        missing[c] -= 1
-                        wm -= rank[c] + 1
-                        if missing[c] == 0:
-                            keyheap_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
-                            rq_size[dd] += 1
+                for e in range(tensor_ptr[U64(t)], tensor_ptr[U64(t + 1)]):
+                    c = tensor_cons[U64(e)]
+                    if placement[U64(c)] == dd:
+                        missing[U64(c)] -= 1
+                        wm -= rank[U64(c)] + 1
+                        if missing[U64(c)] == 0:
+                            keyheap_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)])
+                            rq_size[U64(dd)] += 1
     if INCR and record and next_ck > 0 and matched < 0:
         for d in range(D):
             ck.seg[next_ck - 1, d] = seg[d]
