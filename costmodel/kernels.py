@@ -577,9 +577,11 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 c = U64(2) * j + U64(1)
                 if c >= un:
                     break
+                # the smaller child, chosen without a branch (ev_t[un] is in bounds)
                 r = c + U64(1)
-                if r < un and (ev_t[r] < ev_t[c] or (ev_t[r] == ev_t[c] and ev_k[r] < ev_k[c])):
-                    c = r
+                tr = ev_t[r]
+                tc = ev_t[c]
+                c = r if (r < un) & ((tr < tc) | ((tr == tc) & (ev_k[r] < ev_k[c]))) else c
                 if ev_t[c] < lt or (ev_t[c] == lt and ev_k[c] < lk):
                     ev_t[j] = ev_t[c]
                     ev_k[j] = ev_k[c]
