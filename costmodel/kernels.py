@@ -148,7 +148,7 @@ def keyheap_pop(heap, base, size):
 
 # ------------------------------------------------------------------- packing
 class Net(NamedTuple):
-    """The graph on the cluster, as the engine reads it (index arrays are intp)."""
+    """The graph on the cluster, as the engine reads it (index arrays are int32)."""
 
     T: np.ndarray  # float64 [n, D]: op time on each device
     rank: np.ndarray  # [n] topological rank
@@ -173,7 +173,7 @@ class Net(NamedTuple):
 def make_net(graph, cluster, T) -> Net:
     """Pack a graph, cluster and op-time matrix for the engine."""
     c = graph.csr
-    ip = np.intp
+    ip = np.int32  # half the memory traffic of intp; the loop widens on use
 
     def a(x, dt=ip):
         return np.ascontiguousarray(x, dt)
