@@ -226,7 +226,7 @@ class Work(NamedTuple):
     op_end: np.ndarray  # float64 [n]
     x_start: np.ndarray  # float64 link start and end (full runs only)
     x_end: np.ndarray
-    x_task: np.ndarray  # float64 [n_data, 4] send start, end, receive start, end; NaN if skipped
+    x_task: np.ndarray  # float64 [n_data, 4] send start, end, receive start, end (set NaN by the caller)
     moved: np.ndarray  # bool [n] ops a move changed (incremental only)
     mark: np.ndarray  # [n] scratch
     sc: np.ndarray  # int64 [4]: n_ev, n_x, n_checkpoints, epoch
@@ -647,9 +647,6 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         x_dst[U64(x)] = dc
                         x_refs[U64(x)] = 1
                         refs += 1
-                        if not INCR:
-                            for k in range(4):
-                                x_task[U64(x), U64(k)] = np.nan
                         if has_tasks and xcost[0, U64(d)] + tensor_bytes[U64(t)] * xcost[1, U64(d)] != 0.0:
                             x_next[U64(x)] = -1
                             b0 = tq_base[U64(d)]
@@ -778,7 +775,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
 def simulate_full(net, w, placement):
     """Simulate one placement from scratch; returns (makespan, n_transfers), or
     (inf, 0) if some op has no kernel on its device. Busy time, live peak and the
-    trace are left in ``w``."""
+    trace are left in ``w``; ``w.x_task`` holds the send and receive tasks that ran,
+    over whatever it held before (fill it with NaN first to trace)."""
     n = placement.shape[0]
     for op in range(n):
         if not np.isfinite(net.T[op, placement[op]]):
