@@ -340,7 +340,7 @@ def set_bases(net, w, placement):
         w_rq_size[d] = 0  # used as a counter here
         w_tq_size[d] = 0
     for op in range(n):
-        w_rq_size[placement[op]] += 1
+        w_rq_size[U64(placement[op])] += 1
     acc = 0
     for d in range(D):
         w_rq_base[d] = acc
@@ -349,7 +349,7 @@ def set_bases(net, w, placement):
         # a device holds at most one send task per data edge out of its ops and one
         # receive task per data edge into them
         for op in range(n):
-            d = placement[op]
+            d = U64(placement[op])
             w_tq_size[d] += (net_tensor_ptr[net_op_tensor_ptr[op + 1]] - net_tensor_ptr[net_op_tensor_ptr[op]]
                              + net_in_ptr[op + 1] - net_in_ptr[op])
         acc = 0
@@ -401,7 +401,7 @@ def init_fresh(net, w, placement):
         w_missing[op] = net_n_inputs[op]
         w_out_refs[op] = 0
         if w_missing[op] == 0:
-            d = placement[op]
+            d = U64(placement[op])
             keyheap_push(w_rq, w_rq_base[d], w_rq_size[d], np.int64(net_rank[op]))
             w_rq_size[d] += 1
     w_epoch_time[0] = 0.0
@@ -779,7 +779,7 @@ def simulate_full(net, w, placement):
     over whatever it held before (fill it with NaN first to trace)."""
     n = placement.shape[0]
     for op in range(n):
-        if not np.isfinite(net.T[op, placement[op]]):
+        if not np.isfinite(net.T[op, U64(placement[op])]):
             return np.inf, 0
     init_fresh(net, w, placement)
     _run(net, w, make_checkpoints(0, 0, 0, 0, 0), make_base(0, 0, 0), placement, np.zeros(0, np.intp), -1, 0,
@@ -793,9 +793,9 @@ def placement_violation(placement, op_group_first, T):
     split = -1
     nok = -1
     for op in range(placement.shape[0]):
-        if split < 0 and placement[op] != placement[op_group_first[op]]:
+        if split < 0 and placement[op] != placement[U64(op_group_first[op])]:
             split = op
-        if nok < 0 and not np.isfinite(T[op, placement[op]]):
+        if nok < 0 and not np.isfinite(T[op, U64(placement[op])]):
             nok = op
     return split, nok
 
@@ -805,7 +805,7 @@ def device_peak(livepeak, placement, param_bytes):
     """Peak memory per device: its parameters plus its peak live bytes."""
     peak = livepeak.copy()
     for op in range(placement.shape[0]):
-        peak[placement[op]] += param_bytes[op]
+        peak[U64(placement[op])] += param_bytes[op]
     return peak
 
 
