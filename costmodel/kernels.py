@@ -23,6 +23,11 @@ bytes are constant over a run, so peak = parameters + peak live, added by the ca
 an entry counts only if it points below ``n_x`` at a transfer of that tensor to that
 device.
 
+Every array index inside the loop is cast to unsigned (``U64(...)``, free at run time):
+numba then skips its negative-index wraparound, a sign test and a reload of the array's
+length at every access, which was about a third of the loop's instructions. The indices
+are never negative there (sentinels such as ``-1`` are tested before they index).
+
 Ready queues: per device, a heap of int64 op keys ``(epoch << 32) | rank`` (the epoch
 counts distinct event instants; ready times only grow, so (epoch, rank) orders exactly
 like (ready time, rank)), and a heap of send/receive tasks keyed by ``(epoch << 32 |
@@ -43,6 +48,7 @@ SEND_DONE = 1
 XFER_DONE = 2
 RECV_DONE = 3
 LOW = np.int64(0xFFFFFFFF)
+U64 = np.uint64
 
 
 # --------------------------------------------------------------------- heaps
@@ -99,48 +105,50 @@ def heap_pop(ev_t, ev_k, ev_id, size):
 @njit(cache=True)
 def keyheap_push(heap, base, size, key):
     """Push an int64 key onto a device's ready heap heap[base:base+size] (a min-heap)."""
-    j = size
+    h = U64(base)
+    j = U64(size)
     while j > 0:
-        parent = (j - 1) >> 1
-        q = heap[base + parent]
+        parent = (j - U64(1)) >> U64(1)
+        q = heap[h + parent]
         if key < q:
-            heap[base + j] = q
+            heap[h + j] = q
             j = parent
         else:
             break
-    heap[base + j] = key
+    heap[h + j] = key
 
 
 @njit(cache=True)
 def keyheap_pop(heap, base, size):
     """Pop the smallest key of a device's ready heap (``size`` is the size before popping)."""
-    top = heap[base]
-    size -= 1
-    last = heap[base + size]
-    j = 0
+    h = U64(base)
+    top = heap[h]
+    n = U64(size - 1)
+    last = heap[h + n]
+    j = U64(0)
     while True:
-        c = 2 * j + 1
-        if c >= size:
+        c = U64(2) * j + U64(1)
+        if c >= n:
             break
-        a = heap[base + c]
-        if c + 1 < size:
-            b = heap[base + c + 1]
+        a = heap[h + c]
+        if c + U64(1) < n:
+            b = heap[h + c + U64(1)]
             if b < a:
-                c += 1
+                c += U64(1)
                 a = b
         if a < last:
-            heap[base + j] = a
+            heap[h + j] = a
             j = c
         else:
             break
-    if size > 0:
-        heap[base + j] = last
+    if n > 0:
+        heap[h + j] = last
     return top
 
 
 # ------------------------------------------------------------------- packing
 class Net(NamedTuple):
-    """The graph on the cluster, as the engine reads it (index arrays are intp)."""
+    """The graph on the cluster, as the engine reads it (index arrays are int32)."""
 
     T: np.ndarray  # float64 [n, D]: op time on each device
     rank: np.ndarray  # [n] topological rank
@@ -165,7 +173,7 @@ class Net(NamedTuple):
 def make_net(graph, cluster, T) -> Net:
     """Pack a graph, cluster and op-time matrix for the engine."""
     c = graph.csr
-    ip = np.intp
+    ip = np.int32  # half the memory traffic of intp; the loop widens on use
 
     def a(x, dt=ip):
         return np.ascontiguousarray(x, dt)
@@ -218,11 +226,13 @@ class Work(NamedTuple):
     op_end: np.ndarray  # float64 [n]
     x_start: np.ndarray  # float64 link start and end (full runs only)
     x_end: np.ndarray
-    x_task: np.ndarray  # float64 [n_data, 4] send start, end, receive start, end; NaN if skipped
+    x_task: np.ndarray  # float64 [n_data, 4] send start, end, receive start, end (set NaN by the caller)
     moved: np.ndarray  # bool [n] ops a move changed (incremental only)
     mark: np.ndarray  # [n] scratch
     sc: np.ndarray  # int64 [4]: n_ev, n_x, n_checkpoints, epoch
     sf: np.ndarray  # float64 [2]: makespan, now (the last instant handled)
+    dev_pending: np.ndarray  # bool [D] device in ``dpend`` (may start a task at the next dispatch)
+    dpend: np.ndarray  # [D]
 
 
 @njit(cache=True)
@@ -244,6 +254,7 @@ def make_work(n, nt, n_data, D):
         np.zeros(cap), np.zeros(cap, np.int64), np.zeros(cap, ip),
         np.zeros(n1), np.zeros(n1), np.zeros(m), np.zeros(m), np.zeros((m, 4)),
         np.zeros(n1, np.bool_), np.zeros(n1, ip), np.zeros(4, np.int64), np.zeros(2),
+        np.zeros(D, np.bool_), np.zeros(D, ip),
     )
 
 
@@ -329,7 +340,7 @@ def set_bases(net, w, placement):
         w_rq_size[d] = 0  # used as a counter here
         w_tq_size[d] = 0
     for op in range(n):
-        w_rq_size[placement[op]] += 1
+        w_rq_size[U64(placement[op])] += 1
     acc = 0
     for d in range(D):
         w_rq_base[d] = acc
@@ -338,7 +349,7 @@ def set_bases(net, w, placement):
         # a device holds at most one send task per data edge out of its ops and one
         # receive task per data edge into them
         for op in range(n):
-            d = placement[op]
+            d = U64(placement[op])
             w_tq_size[d] += (net_tensor_ptr[net_op_tensor_ptr[op + 1]] - net_tensor_ptr[net_op_tensor_ptr[op]]
                              + net_in_ptr[op + 1] - net_in_ptr[op])
         acc = 0
@@ -390,7 +401,7 @@ def init_fresh(net, w, placement):
         w_missing[op] = net_n_inputs[op]
         w_out_refs[op] = 0
         if w_missing[op] == 0:
-            d = placement[op]
+            d = U64(placement[op])
             keyheap_push(w_rq, w_rq_base[d], w_rq_size[d], np.int64(net_rank[op]))
             w_rq_size[d] += 1
     w_epoch_time[0] = 0.0
@@ -425,6 +436,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     link_pending, pending = w.link_pending, w.pending
     ev_t, ev_k, ev_id = w.ev_t, w.ev_k, w.ev_id
     op_start, op_end, x_start, x_end, x_task, moved = w.op_start, w.op_end, w.x_start, w.x_end, w.x_task, w.moved
+    dev_pending, dpend = w.dev_pending, w.dpend
 
     D = live.shape[0]
     n = placement.shape[0]
@@ -435,6 +447,13 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     makespan = w.sf[0]
     now = w.sf[1]
     n_pending = 0
+    # dispatch visits only devices that may start a task: every device first, then those
+    # that fell idle or got a ready task while idle (an idle device has nothing ready
+    # after a dispatch, and the order devices start in changes nothing)
+    for d in range(D):
+        dev_pending[d] = True
+        dpend[d] = d
+    n_dpend = D
     if INCR:
         # pending links are not part of a checkpoint: after a restore every link may start
         for l in range(D * D):
@@ -464,61 +483,65 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     matched = -1
     while True:
         # ---- dispatch: idle devices start their best ready task, idle links their oldest transfer
-        for d in range(D):
-            if running[d]:
+        for k in range(n_dpend):
+            d = dpend[U64(k)]
+            dev_pending[U64(d)] = False
+            if running[U64(d)]:
                 continue
-            if has_tasks and tq_size[d] > 0 and (rq_size[d] == 0 or tq_k1[tq_base[d]] < rq[rq_base[d]]):
-                b0 = tq_base[d]
-                task = tq_id[b0]
-                tq_size[d] = heap_pop(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[d])
+            if has_tasks and tq_size[U64(d)] > 0 and (rq_size[U64(d)] == 0
+                                                      or tq_k1[U64(tq_base[U64(d)])] < rq[U64(rq_base[U64(d)])]):
+                b0 = tq_base[U64(d)]
+                task = tq_id[U64(b0)]
+                tq_size[U64(d)] = heap_pop(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[U64(d)])
                 x = task >> 1
                 recv = task & 1
-                b = tensor_bytes[x_tensor[x]]
-                dur = xcost[2 * recv, d] + b * xcost[2 * recv + 1, d]
-                running[d] = True
-                busy[d] += dur
+                b = tensor_bytes[U64(x_tensor[U64(x)])]
+                dur = xcost[U64(2 * recv), U64(d)] + b * xcost[U64(2 * recv + 1), U64(d)]
+                running[U64(d)] = True
+                busy[U64(d)] += dur
                 if not INCR:
-                    x_task[x, 2 * recv] = now
-                    x_task[x, 2 * recv + 1] = now + dur
+                    x_task[U64(x), U64(2 * recv)] = now
+                    x_task[U64(x), U64(2 * recv + 1)] = now + dur
                 n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, now + dur, (SEND_DONE + 2 * recv) * key_span + x, x)
-            elif rq_size[d] > 0:
-                op = topo_order[keyheap_pop(rq, rq_base[d], rq_size[d]) & LOW]
-                rq_size[d] -= 1
-                running[d] = True
-                end = now + T[op, d]
+            elif rq_size[U64(d)] > 0:
+                op = topo_order[U64(keyheap_pop(rq, rq_base[U64(d)], rq_size[U64(d)]) & LOW)]
+                rq_size[U64(d)] -= 1
+                running[U64(d)] = True
+                end = now + T[U64(op), U64(d)]
                 if not INCR:
-                    op_start[op] = now
-                op_end[op] = end
-                busy[d] += T[op, d]
-                live[d] += out_bytes[op]
-                if live[d] > livepeak[d]:
-                    livepeak[d] = live[d]
-                if INCR and live[d] > seg[d]:
-                    seg[d] = live[d]
-                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, end, OP_DONE * key_span + rank[op], op)
+                    op_start[U64(op)] = now
+                op_end[U64(op)] = end
+                busy[U64(d)] += T[U64(op), U64(d)]
+                live[U64(d)] += out_bytes[U64(op)]
+                if live[U64(d)] > livepeak[U64(d)]:
+                    livepeak[U64(d)] = live[U64(d)]
+                if INCR and live[U64(d)] > seg[U64(d)]:
+                    seg[U64(d)] = live[U64(d)]
+                n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, end, OP_DONE * key_span + rank[U64(op)], op)
         for k in range(n_pending):
-            l = pending[k]
-            link_pending[l] = False
-            if not link_busy[l] and link_head[l] >= 0:
-                x = link_head[l]
-                link_head[l] = x_next[x]
-                if link_head[l] < 0:
-                    link_tail[l] = -1
-                link_busy[l] = True
-                s = x_src[x]
-                dd = x_dst[x]
-                b = tensor_bytes[x_tensor[x]]
-                t_end = now + (latency[s, dd] + b / bandwidth[s, dd])
+            l = pending[U64(k)]
+            link_pending[U64(l)] = False
+            if not link_busy[U64(l)] and link_head[U64(l)] >= 0:
+                x = link_head[U64(l)]
+                link_head[U64(l)] = x_next[U64(x)]
+                if link_head[U64(l)] < 0:
+                    link_tail[U64(l)] = -1
+                link_busy[U64(l)] = True
+                s = x_src[U64(x)]
+                dd = x_dst[U64(x)]
+                b = tensor_bytes[U64(x_tensor[U64(x)])]
+                t_end = now + (latency[U64(s), U64(dd)] + b / bandwidth[U64(s), U64(dd)])
                 if not INCR:
-                    x_start[x] = now
-                    x_end[x] = t_end
-                live[dd] += b
-                if live[dd] > livepeak[dd]:
-                    livepeak[dd] = live[dd]
-                if INCR and live[dd] > seg[dd]:
-                    seg[dd] = live[dd]
+                    x_start[U64(x)] = now
+                    x_end[U64(x)] = t_end
+                live[U64(dd)] += b
+                if live[U64(dd)] > livepeak[U64(dd)]:
+                    livepeak[U64(dd)] = live[U64(dd)]
+                if INCR and live[U64(dd)] > seg[U64(dd)]:
+                    seg[U64(dd)] = live[U64(dd)]
                 n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, t_end, XFER_DONE * key_span + x, x)
         n_pending = 0
+        n_dpend = 0
 
         if n_ev == 0:
             break
@@ -539,21 +562,26 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
         # ---- handle every event of the next instant
         if ev_t[0] > now:
             epoch += 1
-            epoch_time[epoch] = ev_t[0]
+            epoch_time[U64(epoch)] = ev_t[0]
         now = ev_t[0]
         while n_ev > 0 and ev_t[0] == now:
             kind_key = ev_k[0]
             i = ev_id[0]
-            # pop the event heap (written out: a call per event costs more than the sift)
+            # pop the event heap (written out: a call per event costs more than the sift;
+            # unsigned positions spare every access numba's negative-index wraparound)
             n_ev -= 1
-            lt, lk, li = ev_t[n_ev], ev_k[n_ev], ev_id[n_ev]
-            j = 0
+            un = U64(n_ev)
+            lt, lk, li = ev_t[un], ev_k[un], ev_id[un]
+            j = U64(0)
             while True:
-                c = 2 * j + 1
-                if c >= n_ev:
+                c = U64(2) * j + U64(1)
+                if c >= un:
                     break
-                if c + 1 < n_ev and (ev_t[c + 1] < ev_t[c] or (ev_t[c + 1] == ev_t[c] and ev_k[c + 1] < ev_k[c])):
-                    c += 1
+                # the smaller child, chosen without a branch (ev_t[un] is in bounds)
+                r = c + U64(1)
+                tr = ev_t[r]
+                tc = ev_t[c]
+                c = r if (r < un) & ((tr < tc) | ((tr == tc) & (ev_k[r] < ev_k[c]))) else c
                 if ev_t[c] < lt or (ev_t[c] == lt and ev_k[c] < lk):
                     ev_t[j] = ev_t[c]
                     ev_k[j] = ev_k[c]
@@ -571,143 +599,164 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
             if kind_key < key_span:
                 # -- an op ended: free what its inputs held, hand its outputs on
                 op = i
-                d = placement[op]
-                running[d] = False
-                if INCR and moved[op]:
+                d = placement[U64(op)]
+                running[U64(d)] = False
+                if not dev_pending[U64(d)]:
+                    dev_pending[U64(d)] = True
+                    dpend[U64(n_dpend)] = d
+                    n_dpend += 1
+                if INCR and moved[U64(op)]:
                     n_moved_done += 1
                 if now > makespan:
                     makespan = now
-                for e in range(in_ptr[op], in_ptr[op + 1]):
-                    t = in_tensor[e]
-                    prod = tensor_op[t]
-                    if placement[prod] == d:
-                        out_refs[prod] -= 1
-                        wo -= rank[prod] + 1
-                        if out_refs[prod] == 0:
-                            live[d] -= out_bytes[prod]
+                for e in range(in_ptr[U64(op)], in_ptr[U64(op + 1)]):
+                    t = in_tensor[U64(e)]
+                    prod = tensor_op[U64(t)]
+                    if placement[U64(prod)] == d:
+                        out_refs[U64(prod)] -= 1
+                        wo -= rank[U64(prod)] + 1
+                        if out_refs[U64(prod)] == 0:
+                            live[U64(d)] -= out_bytes[U64(prod)]
                     else:
-                        x = copy_of[t * D + d]
-                        x_refs[x] -= 1
-                        if x_refs[x] == 0:
-                            live[d] -= tensor_bytes[t]
+                        x = copy_of[U64(t * D + d)]
+                        x_refs[U64(x)] -= 1
+                        if x_refs[U64(x)] == 0:
+                            live[U64(d)] -= tensor_bytes[U64(t)]
                 refs = 0
-                for t in range(op_tensor_ptr[op], op_tensor_ptr[op + 1]):
-                    for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
-                        c = tensor_cons[e]
-                        dc = placement[c]
+                for t in range(op_tensor_ptr[U64(op)], op_tensor_ptr[U64(op + 1)]):
+                    for e in range(tensor_ptr[U64(t)], tensor_ptr[U64(t + 1)]):
+                        c = tensor_cons[U64(e)]
+                        dc = placement[U64(c)]
                         if dc == d:
                             refs += 1
-                            missing[c] -= 1
-                            wm -= rank[c] + 1
-                            if missing[c] == 0:
-                                keyheap_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
-                                rq_size[dc] += 1
+                            missing[U64(c)] -= 1
+                            wm -= rank[U64(c)] + 1
+                            if missing[U64(c)] == 0:
+                                keyheap_push(rq, rq_base[U64(dc)], rq_size[U64(dc)], (epoch << 32) | rank[U64(c)])
+                                rq_size[U64(dc)] += 1
                             continue
-                        x = copy_of[t * D + dc]
-                        if x >= 0 and x < n_x and x_tensor[x] == t and x_dst[x] == dc:
-                            x_refs[x] += 1  # already on its way there
+                        x = copy_of[U64(t * D + dc)]
+                        if x >= 0 and x < n_x and x_tensor[U64(x)] == t and x_dst[U64(x)] == dc:
+                            x_refs[U64(x)] += 1  # already on its way there
                             continue
                         x = n_x
                         n_x += 1
-                        copy_of[t * D + dc] = x
-                        x_tensor[x] = t
-                        x_src[x] = d
-                        x_dst[x] = dc
-                        x_refs[x] = 1
+                        copy_of[U64(t * D + dc)] = x
+                        x_tensor[U64(x)] = t
+                        x_src[U64(x)] = d
+                        x_dst[U64(x)] = dc
+                        x_refs[U64(x)] = 1
                         refs += 1
-                        if not INCR:
-                            for k in range(4):
-                                x_task[x, k] = np.nan
-                        if has_tasks and xcost[0, d] + tensor_bytes[t] * xcost[1, d] != 0.0:
-                            x_next[x] = -1
-                            b0 = tq_base[d]
-                            tq_size[d] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[d],
-                                                   (epoch << 32) | rank[op], (t * D + dc) * 2, x * 2)
+                        if has_tasks and xcost[0, U64(d)] + tensor_bytes[U64(t)] * xcost[1, U64(d)] != 0.0:
+                            x_next[U64(x)] = -1
+                            b0 = tq_base[U64(d)]
+                            tq_size[U64(d)] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[U64(d)],
+                                                   (epoch << 32) | rank[U64(op)], (t * D + dc) * 2, x * 2)
                             continue
                         l = d * D + dc
-                        x_next[x] = -1
-                        if link_tail[l] >= 0:
-                            x_next[link_tail[l]] = x
+                        x_next[U64(x)] = -1
+                        if link_tail[U64(l)] >= 0:
+                            x_next[U64(link_tail[U64(l)])] = x
                         else:
-                            link_head[l] = x
-                        link_tail[l] = x
-                        if not link_pending[l]:
-                            link_pending[l] = True
-                            pending[n_pending] = l
+                            link_head[U64(l)] = x
+                        link_tail[U64(l)] = x
+                        if not link_pending[U64(l)]:
+                            link_pending[U64(l)] = True
+                            pending[U64(n_pending)] = l
                             n_pending += 1
-                for e in range(ctrl_ptr[op], ctrl_ptr[op + 1]):
-                    c = ctrl_dst[e]
-                    missing[c] -= 1
-                    wm -= rank[c] + 1
-                    if missing[c] == 0:
-                        dc = placement[c]
-                        keyheap_push(rq, rq_base[dc], rq_size[dc], (epoch << 32) | rank[c])
-                        rq_size[dc] += 1
-                out_refs[op] = refs
-                wo += refs * np.int64(rank[op] + 1)
+                for e in range(ctrl_ptr[U64(op)], ctrl_ptr[U64(op + 1)]):
+                    c = ctrl_dst[U64(e)]
+                    missing[U64(c)] -= 1
+                    wm -= rank[U64(c)] + 1
+                    if missing[U64(c)] == 0:
+                        dc = placement[U64(c)]
+                        keyheap_push(rq, rq_base[U64(dc)], rq_size[U64(dc)], (epoch << 32) | rank[U64(c)])
+                        rq_size[U64(dc)] += 1
+                        if not running[U64(dc)] and not dev_pending[U64(dc)]:
+                            dev_pending[U64(dc)] = True
+                            dpend[U64(n_dpend)] = dc
+                            n_dpend += 1
+                out_refs[U64(op)] = refs
+                wo += refs * np.int64(rank[U64(op)] + 1)
                 if refs == 0:
-                    live[d] -= out_bytes[op]
+                    live[U64(d)] -= out_bytes[U64(op)]
             elif kind_key < 2 * key_span:
                 # -- a send task ended: the transfer joins its link's queue
                 x = i
-                s = x_src[x]
-                running[s] = False
-                l = s * D + x_dst[x]
-                x_next[x] = -1
-                if link_tail[l] >= 0:
-                    x_next[link_tail[l]] = x
+                s = x_src[U64(x)]
+                running[U64(s)] = False
+                if not dev_pending[U64(s)]:
+                    dev_pending[U64(s)] = True
+                    dpend[U64(n_dpend)] = s
+                    n_dpend += 1
+                l = s * D + x_dst[U64(x)]
+                x_next[U64(x)] = -1
+                if link_tail[U64(l)] >= 0:
+                    x_next[U64(link_tail[U64(l)])] = x
                 else:
-                    link_head[l] = x
-                link_tail[l] = x
-                if not link_pending[l]:
-                    link_pending[l] = True
-                    pending[n_pending] = l
+                    link_head[U64(l)] = x
+                link_tail[U64(l)] = x
+                if not link_pending[U64(l)]:
+                    link_pending[U64(l)] = True
+                    pending[U64(n_pending)] = l
                     n_pending += 1
             elif kind_key < 3 * key_span:
                 # -- a link transfer ended: the link is free, the source copy may be
                 # freed, the tensor is on its destination unless a receive task runs first
                 x = i
-                t = x_tensor[x]
-                s = x_src[x]
-                dd = x_dst[x]
+                t = x_tensor[U64(x)]
+                s = x_src[U64(x)]
+                dd = x_dst[U64(x)]
                 l = s * D + dd
-                link_busy[l] = False
-                if not link_pending[l]:
-                    link_pending[l] = True
-                    pending[n_pending] = l
+                link_busy[U64(l)] = False
+                if not link_pending[U64(l)]:
+                    link_pending[U64(l)] = True
+                    pending[U64(n_pending)] = l
                     n_pending += 1
-                prod = tensor_op[t]
-                out_refs[prod] -= 1
-                wo -= rank[prod] + 1
-                if out_refs[prod] == 0:
-                    live[s] -= out_bytes[prod]
-                if has_tasks and xcost[2, dd] + tensor_bytes[t] * xcost[3, dd] != 0.0:
-                    b0 = tq_base[dd]
-                    tq_size[dd] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[dd],
-                                            (epoch << 32) | rank[prod], (t * D + dd) * 2 + 1, x * 2 + 1)
+                prod = tensor_op[U64(t)]
+                out_refs[U64(prod)] -= 1
+                wo -= rank[U64(prod)] + 1
+                if out_refs[U64(prod)] == 0:
+                    live[U64(s)] -= out_bytes[U64(prod)]
+                if has_tasks and xcost[2, U64(dd)] + tensor_bytes[U64(t)] * xcost[3, U64(dd)] != 0.0:
+                    b0 = tq_base[U64(dd)]
+                    tq_size[U64(dd)] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[U64(dd)],
+                                            (epoch << 32) | rank[U64(prod)], (t * D + dd) * 2 + 1, x * 2 + 1)
+                    if not running[U64(dd)] and not dev_pending[U64(dd)]:
+                        dev_pending[U64(dd)] = True
+                        dpend[U64(n_dpend)] = dd
+                        n_dpend += 1
                     continue
-                for e in range(tensor_ptr[t], tensor_ptr[t + 1]):  # the tensor is on dd
-                    c = tensor_cons[e]
-                    if placement[c] == dd:
-                        missing[c] -= 1
-                        wm -= rank[c] + 1
-                        if missing[c] == 0:
-                            keyheap_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
-                            rq_size[dd] += 1
+                for e in range(tensor_ptr[U64(t)], tensor_ptr[U64(t + 1)]):  # the tensor is on dd
+                    c = tensor_cons[U64(e)]
+                    if placement[U64(c)] == dd:
+                        missing[U64(c)] -= 1
+                        wm -= rank[U64(c)] + 1
+                        if missing[U64(c)] == 0:
+                            keyheap_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)])
+                            rq_size[U64(dd)] += 1
+                            if not running[U64(dd)] and not dev_pending[U64(dd)]:
+                                dev_pending[U64(dd)] = True
+                                dpend[U64(n_dpend)] = dd
+                                n_dpend += 1
             else:
                 # -- a receive task ended: the tensor is on its destination
                 x = i
-                t = x_tensor[x]
-                dd = x_dst[x]
-                running[dd] = False
-                for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
-                    c = tensor_cons[e]
-                    if placement[c] == dd:
-                        missing[c] -= 1
-                        wm -= rank[c] + 1
-                        if missing[c] == 0:
-                            keyheap_push(rq, rq_base[dd], rq_size[dd], (epoch << 32) | rank[c])
-                            rq_size[dd] += 1
+                t = x_tensor[U64(x)]
+                dd = x_dst[U64(x)]
+                running[U64(dd)] = False
+                if not dev_pending[U64(dd)]:
+                    dev_pending[U64(dd)] = True
+                    dpend[U64(n_dpend)] = dd
+                    n_dpend += 1
+                for e in range(tensor_ptr[U64(t)], tensor_ptr[U64(t + 1)]):
+                    c = tensor_cons[U64(e)]
+                    if placement[U64(c)] == dd:
+                        missing[U64(c)] -= 1
+                        wm -= rank[U64(c)] + 1
+                        if missing[U64(c)] == 0:
+                            keyheap_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)])
+                            rq_size[U64(dd)] += 1
     if INCR and record and next_ck > 0 and matched < 0:
         for d in range(D):
             ck.seg[next_ck - 1, d] = seg[d]
@@ -726,10 +775,11 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
 def simulate_full(net, w, placement):
     """Simulate one placement from scratch; returns (makespan, n_transfers), or
     (inf, 0) if some op has no kernel on its device. Busy time, live peak and the
-    trace are left in ``w``."""
+    trace are left in ``w``; ``w.x_task`` holds the send and receive tasks that ran,
+    over whatever it held before (fill it with NaN first to trace)."""
     n = placement.shape[0]
     for op in range(n):
-        if not np.isfinite(net.T[op, placement[op]]):
+        if not np.isfinite(net.T[op, U64(placement[op])]):
             return np.inf, 0
     init_fresh(net, w, placement)
     _run(net, w, make_checkpoints(0, 0, 0, 0, 0), make_base(0, 0, 0), placement, np.zeros(0, np.intp), -1, 0,
@@ -743,9 +793,9 @@ def placement_violation(placement, op_group_first, T):
     split = -1
     nok = -1
     for op in range(placement.shape[0]):
-        if split < 0 and placement[op] != placement[op_group_first[op]]:
+        if split < 0 and placement[op] != placement[U64(op_group_first[op])]:
             split = op
-        if nok < 0 and not np.isfinite(T[op, placement[op]]):
+        if nok < 0 and not np.isfinite(T[op, U64(placement[op])]):
             nok = op
     return split, nok
 
@@ -755,7 +805,7 @@ def device_peak(livepeak, placement, param_bytes):
     """Peak memory per device: its parameters plus its peak live bytes."""
     peak = livepeak.copy()
     for op in range(placement.shape[0]):
-        peak[placement[op]] += param_bytes[op]
+        peak[U64(placement[op])] += param_bytes[op]
     return peak
 
 

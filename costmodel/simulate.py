@@ -221,6 +221,8 @@ class CostModel:
         if reason is not None:
             return SimResult(np.inf, False, reason, np.zeros(D), np.zeros(D, np.int64), names)
         w = self.work()
+        if trace:
+            w.x_task[:] = np.nan  # stages that cost nothing stay NaN
         ms, nx = kernels.simulate_full(self.net, w, p)
         busy = w.busy.copy()
         peak = kernels.device_peak(w.livepeak, p, self._param_bytes)
