@@ -109,6 +109,16 @@ def _gap(ls, le, cnt, t0, dur):
 
 
 @njit(cache=True)
+def _link_timelines(nt, n_inputs, D, queued):
+    """Empty transfer bookkeeping: arrival time per (tensor, device), -1 until booked,
+    and one timeline (starts, ends, count) per directed link. A link never holds more
+    transfers than the graph has consumed tensors (times devices, for a broadcast)."""
+    arrive = np.full(max(nt * D, 1), -1.0)
+    link_len = min(n_inputs, nt * D) + 1 if queued else 1
+    return arrive, np.zeros((D * D, link_len)), np.zeros((D * D, link_len)), np.zeros(D * D, np.int64)
+
+
+@njit(cache=True)
 def _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, place, finish,
                     lat, bw, xc, arrive, link_s, link_e, link_cnt, avail, commit, insert):
     """When op's inputs are on device d under the simulator's rules: a tensor goes to a
@@ -274,14 +284,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
         if indeg[v] == 0:
             size = heap_push(k1, k2, ids, size, -prio[v], rank[v], v)
     cand = np.zeros(D, np.bool_)
-    nt = tensor_bytes.shape[0]
-    arrive = np.full(max(nt * D, 1), -1.0)
-    # one timeline per directed link; it never holds more transfers than the graph has
-    # consumed tensors (times devices, for the case of a broadcast)
-    link_len = min(in_tensor.shape[0], nt * D) + 1
-    link_s = np.zeros((D * D, link_len if queued else 1))
-    link_e = np.zeros((D * D, link_len if queued else 1))
-    link_cnt = np.zeros(D * D, np.int64)
+    arrive, link_s, link_e, link_cnt = _link_timelines(tensor_bytes.shape[0], in_tensor.shape[0], D, queued)
     fallbacks = 0
     while size > 0:
         op, size = _hpop(k1, k2, ids, size)
@@ -450,14 +453,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
     dr = np.zeros((n, D))  # data-ready time per device, fixed once an op is ready
     cand = np.zeros(D, np.bool_)
     fb_of = np.zeros(n, np.int64)
-    nt = tensor_bytes.shape[0]
-    arrive = np.full(max(nt * D, 1), -1.0)
-    # one timeline per directed link; it never holds more transfers than the graph has
-    # consumed tensors (times devices, for the case of a broadcast)
-    link_len = min(in_tensor.shape[0], nt * D) + 1
-    link_s = np.zeros((D * D, link_len if queued else 1))
-    link_e = np.zeros((D * D, link_len if queued else 1))
-    link_cnt = np.zeros(D * D, np.int64)
+    arrive, link_s, link_e, link_cnt = _link_timelines(tensor_bytes.shape[0], in_tensor.shape[0], D, queued)
     for v in range(n):
         if indeg[v] == 0:
             fb_of[v] = _etf_queue_all(v, tie, T, gdev, gmem, used, cap, -1, dr, avail, group, cand, inq,
