@@ -128,15 +128,13 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
     task.start_us = start_us
     summary = trainer.train(done=tracker.done)
     atoms = task.atoms
-    late = tracker.best_assignment is None
-    if late:
+    if tracker.best_assignment is None:
         # start-up (TensorFlow, features) outlasted a seconds budget: answer anyway, as
         # a one-shot method does, with the policy's mode
         from placetool.search.partition import score
 
         mode = (task.frozen.greedy(),) if task.frozen else pol.greedy(task.obs)
         score(tracker, pol.assignment(atoms, mode))
-    if late:
         source = "policy's mode, scored after the budget (start-up took all of it)"
     elif seeded is not None and not (task.best < start_us):
         source = f"warm start {seeded}"
