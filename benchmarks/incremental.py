@@ -7,7 +7,7 @@ For each graph (synthetic-10k and synthetic-50k on k80x4 by default) and each ba
 placement — ``chunks`` (groups cut in topological order into one contiguous run per
 GPU, pinned ones on the CPU: a sensible placement that annealing would start from) and
 ``random`` (every group on a random allowed device: transfer-heavy) — the same random
-moves (one group to another device it may use) are scored side by side, move by move:
+moves (one group to another device it may use) are scored by each method in turn:
 
 - ``full``: ``CostModel.simulate`` of the moved placement (what annealing would do
   without the delta simulator);
@@ -16,8 +16,12 @@ moves (one group to another device it may use) are scored side by side, move by 
 - ``incr-nostop``: the same without the early stop (restore + simulate to the end).
 
 Every incremental answer is checked against the full one (step time, peak memory,
-feasibility). Times are CPU seconds of this process (``process_time``; everything here
-is single-threaded), so other load on the machine inflates them less. Also printed:
+feasibility). Each method is then timed over all the moves back to back, as annealing
+calls it, in ``--rounds`` rounds of rotating order (medians; the speedup's range over
+rounds beside it). Timing move by move instead, interleaved, charged whichever method
+ran right after a full simulation for the caches that run had evicted. Times are CPU
+seconds of this process (``process_time``; everything here is single-threaded), so
+other load on the machine inflates them less. Also printed:
 how far into the step the restarts were on average (``restart@``: checkpoint time /
 step time), how many moves stopped early, and the one-off cost of simulating a base
 with checkpoints (``base ms``, paid again after each accepted move in annealing).
@@ -50,7 +54,7 @@ def chunks_assignment(problem) -> np.ndarray:
     return a
 
 
-def bench(graph: str, cluster: str, base: str, moves: int, seed: int) -> dict:
+def bench(graph: str, cluster: str, base: str, moves: int, seed: int, rounds: int = 3) -> dict:
     from placetool.costmodel import CostModel, presets
     from placetool.costmodel.incremental import IncrementalSimulator
     from placetool.search import Problem
@@ -72,35 +76,48 @@ def bench(graph: str, cluster: str, base: str, moves: int, seed: int) -> dict:
     inc.evaluate_move(g0, np.flatnonzero(pr.allowed[g0] & (np.arange(pr.n_devices) != a[g0]))[0])
     cm.simulate(a)
 
-    tf, ti, tn, restart, stopped = [], [], [], [], 0
+    mv = []
     for _ in range(moves):
         g = int(movable[rng.integers(movable.size)])
         others = np.flatnonzero(pr.allowed[g] & (np.arange(pr.n_devices) != a[g]))
-        d = int(others[rng.integers(others.size)])
+        mv.append((g, int(others[rng.integers(others.size)])))
+
+    def full(g, d):
         b = a.copy()
         b[g] = d
-        t = time.process_time()
-        full = cm.simulate(b)
-        tf.append(time.process_time() - t)
-        t = time.process_time()
+        return cm.simulate(b)
+
+    # every answer checked equal to the full simulation (untimed)
+    restart, stopped = [], 0
+    for g, d in mv:
+        ref = full(g, d)
         r = inc.evaluate_move(g, d)
-        ti.append(time.process_time() - t)
-        t = time.process_time()
-        r2 = nostop.evaluate_move(g, d)
-        tn.append(time.process_time() - t)
-        for x in (r, r2):
-            if not (x.step_time_us == full.step_time_us and np.array_equal(x.peak_memory_bytes, full.peak_memory_bytes)
-                    and x.feasible == full.feasible):
+        for x in (r, nostop.evaluate_move(g, d)):
+            if not (x.step_time_us == ref.step_time_us and np.array_equal(x.peak_memory_bytes, ref.peak_memory_bytes)
+                    and x.feasible == ref.feasible):
                 raise AssertionError(f"{graph}/{base}: incremental != full for group {g} -> device {d}")
         restart.append(r.restored_at_us / max(inc.base_step_us, 1e-9))
         stopped += r.converged
-    full_ms, inc_ms, nostop_ms = (1e3 * float(np.mean(x)) for x in (tf, ti, tn))
+    # timed in blocks, each method over all the moves back to back as annealing calls it
+    # (timing them move by move, interleaved, charged whichever ran right after a full
+    # simulation with its cold caches), rounds in rotating order; per round the mean
+    fns = {"full": full, "incr": inc.evaluate_move, "nostop": nostop.evaluate_move}
+    per = {k: [] for k in fns}
+    names = list(fns)
+    for rnd in range(rounds):
+        for k in names[rnd % 3:] + names[: rnd % 3]:
+            t = time.process_time()
+            for g, d in mv:
+                fns[k](g, d)
+            per[k].append((time.process_time() - t) / len(mv))
+    tf, ti, tn = (np.array(per[k]) for k in names)
+    full_ms, inc_ms, nostop_ms = (1e3 * float(np.median(x)) for x in (tf, ti, tn))
     return {
         "graph": graph, "cluster": cluster, "base": base, "ops": cm.graph.n_ops, "groups": pr.n_groups,
         "moves": moves, "checkpoints": inc.n_ck,
         "full_ms": full_ms, "incr_ms": inc_ms, "incr_nostop_ms": nostop_ms,
         "speedup": full_ms / inc_ms, "speedup_nostop": full_ms / nostop_ms,
-        "median_speedup": float(np.median(np.array(tf) / np.maximum(np.array(ti), 1e-9))),
+        "speedup_range": [float((tf / ti).min()), float((tf / ti).max())], "rounds": rounds,
         "restart_at": float(np.mean(restart)), "stopped_early": stopped / moves,
         "base_ms": 1e3 * base_s, "first_base_ms": 1e3 * first_base, "all_equal": True,
     }
@@ -113,20 +130,22 @@ def main(argv=None) -> None:
     ap.add_argument("--bases", nargs="+", default=["chunks", "random"], choices=["chunks", "random"])
     ap.add_argument("--moves", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds per method (medians reported)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    rows = [bench(g, args.cluster, b, args.moves, args.seed) for g in args.graphs for b in args.bases]
+    rows = [bench(g, args.cluster, b, args.moves, args.seed, args.rounds) for g in args.graphs for b in args.bases]
     if args.json:
         print(json.dumps({"rows": rows}))
         return
-    hdr = (f"{'graph':<14} {'base':<7} {'moves':>5} {'full ms':>8} {'incr ms':>8} {'speedup':>7} {'median':>6} "
+    hdr = (f"{'graph':<14} {'base':<7} {'moves':>5} {'full ms':>8} {'incr ms':>8} {'speedup':>7} {'range':>11} "
            f"{'nostop ms':>9} {'speedup':>7} {'restart@':>8} {'stopped':>7} {'base ms':>8}")
-    print(f"cluster {args.cluster}; ms = CPU ms per move; every answer checked equal to the full simulation")
+    print(f"cluster {args.cluster}; ms = CPU ms per move, median of {args.rounds} rounds (range: speedup's min-max "
+          "over rounds); every answer checked equal to the full simulation")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(f"{r['graph']:<14} {r['base']:<7} {r['moves']:>5} {r['full_ms']:>8.2f} {r['incr_ms']:>8.2f} "
-              f"{r['speedup']:>6.2f}x {r['median_speedup']:>5.1f}x {r['incr_nostop_ms']:>9.2f} "
+              f"{r['speedup']:>6.2f}x {r['speedup_range'][0]:>5.2f}-{r['speedup_range'][1]:.2f}x {r['incr_nostop_ms']:>9.2f} "
               f"{r['speedup_nostop']:>6.2f}x {r['restart_at']:>8.2f} {r['stopped_early']:>7.0%} {r['base_ms']:>8.1f}")
 
 
