@@ -181,8 +181,13 @@ class IncrementalSimulator:
                 ms = max(ms, self.base_step_us)
             livepeak = np.maximum(livepeak, self.ck_suffix[matched])
         params = self.params.copy()
-        np.add.at(params, devices, self.param_bytes[ops])
-        np.subtract.at(params, self.placement[ops], self.param_bytes[ops])
+        if devices.size and devices.min() == devices.max() and self.placement[ops].min() == self.placement[ops].max():
+            moved = self.param_bytes[ops].sum()  # one group (or groups alike): one device to another
+            params[devices[0]] += moved
+            params[self.placement[ops[0]]] -= moved
+        else:
+            np.add.at(params, devices, self.param_bytes[ops])
+            np.subtract.at(params, self.placement[ops], self.param_bytes[ops])
         peak = params + livepeak
         feasible = bool(np.isfinite(ms) and np.all(peak <= self.cm.capacity))
         t0 = float(self.ck.f[j, 0]) if j >= 0 else 0.0

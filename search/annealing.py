@@ -162,7 +162,8 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
             r = inc.evaluate_move(g, a[g]) if g >= 0 else inc.evaluate(a)
             tracker.record(a[None, :], np.array([r.step_time_us]), np.array([r.feasible]),
                            r.peak_memory_bytes[None, :])
-            out.append(objective([r.step_time_us], [r.feasible], r.peak_memory_bytes[None, :], cap)[0])
+            out.append(r.step_time_us if r.feasible else
+                       objective([r.step_time_us], [r.feasible], r.peak_memory_bytes[None, :], cap)[0])
         return np.array(out)
 
     def restart_from(a):
@@ -208,12 +209,17 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
             meta["accepted"] += 1
             kind = props[i][2]
             meta["accepted_by_kind"][kind] = meta["accepted_by_kind"].get(kind, 0) + 1
-            changed = not np.array_equal(cand[i], cur)
-            cur, cur_obj = cand[i], float(objs[i])
+            moved = np.flatnonzero(cand[i] != cur)
+            prev, cur, cur_obj = cur, cand[i], float(objs[i])
             if inc is not None:
                 inc.commit(cur)
-            if guide is not None and changed:
-                cp = CriticalPath(cm, cur)
+            if guide is not None and moved.size:
+                # tracing costs a traced simulation and more than the commit: most accepted
+                # moves are sideways steps off the path, which leave it where it was
+                if cp.still_holds(moved, inc.base_step_us if inc is not None else np.nan):
+                    cp.moved(moved, prev[moved], cur[moved], problem.group_time)
+                else:
+                    cp = CriticalPath(cm, cur)
         if cur_obj < run_best * (1 - 1e-12):
             run_best, since_best = cur_obj, 0
         else:

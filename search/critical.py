@@ -13,6 +13,8 @@ group with one elsewhere.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 from numba import njit
 
@@ -81,6 +83,23 @@ def _walk(placement, op_start, op_end, in_ptr, in_tensor, tensor_op, cpred_ptr, 
     return nc
 
 
+_INPUTS = weakref.WeakKeyDictionary()
+
+
+def _inputs(g):
+    """(in_ptr, in_tensor, tensor_op, control-predecessor ptr, sources) of graph ``g``
+    as the walk reads them; built once per graph (annealing traces a path per accepted move)."""
+    got = _INPUTS.get(g)
+    if got is None:
+        n, c = g.n_ops, g.csr
+        ce = np.flatnonzero(g.edge_tensor < 0)
+        co = ce[np.argsort(g.edge_dst[ce], kind="stable")]
+        cpred_ptr = np.searchsorted(g.edge_dst[co], np.arange(n + 1)).astype(np.int64)
+        got = _INPUTS[g] = (c.in_ptr.astype(np.int64), c.in_tensor.astype(np.int64), g.tensor_op.astype(np.int64),
+                            cpred_ptr, g.edge_src[co].astype(np.int64))
+    return got
+
+
 class CriticalPath:
     """The critical path of one simulated placement: ``ops`` (bool per op), ``groups``
     (critical groups in path order, earliest first), ``comm`` ((producer group,
@@ -105,13 +124,7 @@ class CriticalPath:
             dev_prev = np.full(n, -1, np.int64)
             same = p[o[1:]] == p[o[:-1]]
             dev_prev[o[1:][same]] = o[:-1][same]
-            c = g.csr
-            ce = np.flatnonzero(g.edge_tensor < 0)
-            co = ce[np.argsort(g.edge_dst[ce], kind="stable")]
-            cpred_ptr = np.searchsorted(g.edge_dst[co], np.arange(n + 1)).astype(np.int64)
-            nc = _walk(p, tr.op_start, tr.op_end, c.in_ptr.astype(np.int64), c.in_tensor.astype(np.int64),
-                       g.tensor_op.astype(np.int64), cpred_ptr, g.edge_src[co].astype(np.int64), arrival,
-                       dev_prev, on, comm_s, comm_d)
+            nc = _walk(p, tr.op_start, tr.op_end, *_inputs(g), arrival, dev_prev, on, comm_s, comm_d)
         else:
             nc = 0
         self.ops = on
@@ -123,6 +136,22 @@ class CriticalPath:
         self.groups = grp[np.sort(first)].astype(np.int64)
         gs, gd = g.group[comm_s[:nc]], g.group[comm_d[:nc]]
         self.comm = np.stack([gs, gd], axis=1).astype(np.int64) if nc else np.zeros((0, 2), np.int64)
+        self.on_group = np.zeros(g.n_groups, np.bool_)
+        self.on_group[self.groups] = True
+
+    def still_holds(self, groups, step_time_us) -> bool:
+        """Whether to keep guiding by this path after ``groups`` moved and the step time
+        came out at ``step_time_us``: none of them was on it and the step is unchanged, so
+        it most likely still ends last (a cheap guess, good enough to aim moves by)."""
+        return step_time_us == self.step_time_us and not self.on_group[groups].any()
+
+    def moved(self, groups, old, new, group_time) -> None:
+        """Shift the per-device busy times by the compute of ``groups``, moved from devices
+        ``old`` to ``new`` (their send/receive costs aside)."""
+        busy = self.busy_us.copy()
+        np.subtract.at(busy, old, group_time[groups, old])
+        np.add.at(busy, new, group_time[groups, new])
+        self.busy_us = busy
 
 
 class CriticalMoves:
