@@ -188,6 +188,31 @@ def test_critical_path_of_a_split_chain_holds_its_transfer():
     assert p.cost_model.simulate(pulled).step_time_us == 2.0
 
 
+def test_critical_path_is_kept_only_for_sideways_moves_off_it():
+    import networkx as nx
+
+    from placetool.search.critical import CriticalPath
+    from tests.helpers import cluster
+
+    g = nx.DiGraph()  # a -> b on device 0 is the path (1 + 1 µs); c runs alone on device 1
+    for name in "abc":
+        g.add_node(name, op_type="Op", out_bytes=0)
+    g.add_edge("a", "b", bytes=0)
+    cl = cluster(2, latency=0.0, bandwidth=1.0, kinds=["gpu"] * 2)
+    p = Problem(CostModel(OpGraph.from_networkx(g, "fork"), cl,
+                          op_times=np.array([[1.0, 1.0], [1.0, 1.0], [0.5, 0.25]])))
+    grp = p.graph.group[[p.graph.names.index(n) for n in "abc"]]
+    a = np.zeros(p.n_groups, np.int32)
+    a[grp[2]] = 1
+    cp = CriticalPath(p.cost_model, a)
+    assert cp.step_time_us == 2.0 and sorted(cp.groups.tolist()) == sorted(grp[:2].tolist())
+    assert cp.still_holds(grp[[2]], 2.0)  # c moved, the step unchanged: keep the path
+    assert not cp.still_holds(grp[[2]], 2.5)  # the step changed
+    assert not cp.still_holds(grp[[1]], 2.0)  # b is on the path
+    cp.moved(grp[[2]], np.array([1]), np.array([0]), p.group_time)
+    assert cp.busy_us.tolist() == [2.5, 0.0]
+
+
 def test_sa_moves_option_is_checked():
     p = _chain_problem()
     with pytest.raises(SearchError, match="moves"):
