@@ -19,6 +19,14 @@ budget_seconds = 60
 """
 
 
+# The placetool CLI as a terminal's foreground process runs it: SIGINT raises
+# KeyboardInterrupt. A shell starts background jobs with SIGINT ignored, and Python keeps
+# an inherited SIG_IGN, so when this suite itself runs as such a job (`make test &`) a
+# child started plainly would never see the Ctrl-C the test sends.
+FOREGROUND = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "sys.argv[0] = 'placetool'; from placetool.cli.main import main; main()")
+
+
 def session_pids(sid: int) -> list[int]:
     """Every live (non-zombie) process of session ``sid``, wherever it was reparented."""
     out = []
@@ -92,7 +100,7 @@ def test_interrupted_search_keeps_the_best_so_far(tmp_path, sig, code):
 
     # stderr on a terminal, so the progress bar shows: it says when a placement was scored
     master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-m", "placetool.cli.main", "search", "-g", "synthetic-300", "-c", "k80x2",
+    p = subprocess.Popen([sys.executable, "-c", FOREGROUND, "search", "-g", "synthetic-300", "-c", "k80x2",
                           "-m", "sa", "--budget-seconds", "300", "-o", "best.json"], cwd=tmp_path,
                          stdout=subprocess.PIPE, stderr=slave, text=True, start_new_session=True)
     os.close(slave)
@@ -113,14 +121,7 @@ def test_interrupted_search_keeps_the_best_so_far(tmp_path, sig, code):
     try:
         assert wait_for(lambda: b"best " in seen, 120), (bytes(seen), p.poll())
         p.send_signal(sig)
-        try:
-            out, _ = p.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            if sig != signal.SIGINT:
-                raise
-            # a known, rare defect not yet traced: now and then sa keeps searching after
-            # one SIGINT (the KeyboardInterrupt is lost). Say so instead of failing the run.
-            pytest.xfail("sa kept searching after one SIGINT (known rare lost interrupt)")
+        out, _ = p.communicate(timeout=60)
         reader.join(5)
     finally:
         if p.poll() is None:
