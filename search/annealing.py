@@ -12,7 +12,8 @@ the latter. ``batch`` neighbours are proposed at a time; with ``mode="incrementa
 simulator scores them one by one (:mod:`placetool.costmodel.incremental`, exact,
 re-simulates only from the first event a move changes), with ``mode="batch"`` the
 parallel batch simulator scores them together. The best neighbour of a batch faces the
-Metropolis rule; the path is traced again after each accepted move. The
+Metropolis rule; the path is traced again after an accepted move that touched it or
+changed the step time (a sideways move off the path leaves it in place). The
 temperature is relative (an uphill step of ``x`` times the current step time is taken
 with probability ``exp(-x / T)``) and adapts to keep the uphill acceptance rate near a target
 that falls from ``accept_start`` to ``accept_end`` over the budget. Runs start from the
