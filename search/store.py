@@ -68,6 +68,7 @@ COLUMNS = (
     ("metadata", "TEXT"),                 # JSON, what the method returned
 )
 NAMES = tuple(c for c, _ in COLUMNS)
+STATUSES = ("ok", "failed")
 JSON_COLUMNS = ("options", "versions", "history", "metadata")
 
 
@@ -93,6 +94,16 @@ def _claim_dead(c, host: str, now: float, lease_s: float) -> bool:
         except OSError:
             pass
     return c["heartbeat"] is None or now - float(c["heartbeat"]) > lease_s
+
+
+def _key(row) -> tuple:
+    """A row's grid point key, checked with its status: a damaged page can decode
+    without an SQLite error, as values of another type (a flipped record header)."""
+    key = tuple(row[:len(KEY)])
+    ok = all(isinstance(v, int if c == "seed" else str) for c, v in zip(KEY, key))
+    if not ok or row[len(KEY)] not in STATUSES:
+        raise ValueError(f"grid point {key!r} with status {row[len(KEY)]!r}")
+    return key
 
 
 class StoreError(UserError):
@@ -152,7 +163,7 @@ class ResultStore:
         """Grid point key -> (status, timestamp), for every row."""
         q = f"SELECT {', '.join(KEY)}, status, timestamp FROM runs"
         with self._errors("cannot read"):
-            return {tuple(r[:len(KEY)]): tuple(r[len(KEY):]) for r in self.db.execute(q)}
+            return {_key(r): tuple(r[len(KEY):]) for r in self.db.execute(q)}
 
     def row_version(self, key: tuple):
         """(status, timestamp) of a grid point's row, or None: tells whether another
@@ -249,7 +260,7 @@ class ResultStore:
         """Grid point key -> status, for every row."""
         q = f"SELECT {', '.join(KEY)}, status FROM runs"
         with self._errors("cannot read"):
-            return {tuple(r[:-1]): r[-1] for r in self.db.execute(q)}
+            return {_key(r): r[-1] for r in self.db.execute(q)}
 
     def rows(self, status: str | None = None) -> list[dict]:
         """All rows (or those with one status) as dicts, JSON columns decoded."""

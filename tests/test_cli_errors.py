@@ -98,6 +98,22 @@ def test_damaged_results_store(tmp_path, capsys):
     user_error(["sweep", sw, "--results", db, "--dry-run"], capsys, db)
 
 
+@pytest.mark.parametrize("damage", ["graph = X'ff00'", "seed = 'zero'", "status = 7"])
+def test_results_row_of_the_wrong_type(tmp_path, capsys, damage):
+    # a flipped record header decodes without an SQLite error, as values of another type
+    import sqlite3
+
+    sw, db = _store(tmp_path)
+    capsys.readouterr()
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA ignore_check_constraints = 1")
+    with con:
+        con.execute(f"UPDATE runs SET {damage} WHERE id = 1")
+    con.close()
+    line = user_error(["sweep", sw, "--results", db, "--dry-run"], capsys, db)
+    assert "damaged row" in line
+
+
 def test_results_file_that_is_not_sqlite(tmp_path, capsys):
     (tmp_path / "r.db").write_bytes(b"\x00garbage" * 100)
     user_error(["report", tmp_path / "r.db"], capsys, "r.db")
