@@ -12,7 +12,8 @@ samples move off that mode; False: learn from the network and compute-time prior
 alone), ``explore`` (with a warm start, how many groups a sample moves off the mode on
 average), plus policy knobs
 (``hidden``, ``max_groups``, ``n_groups``, ``tanh_c``, ``temperature``, ``layers``...)
-and trainer knobs (see :class:`placetool.rl.trainer.TrainConfig`).
+and trainer knobs (see :class:`placetool.rl.trainer.TrainConfig`; ``guide=0`` turns off the
+exploration aimed at the critical path, :mod:`placetool.rl.guide`).
 
 The budget is the search budget: every sampled placement is one evaluation. The result's
 metadata says where the best placement came from (``source``: ``warm start NAME`` or
@@ -36,9 +37,10 @@ DEFAULT_BUDGET = Budget(seconds=120.0)
 #: trainer settings for a single search with the gdp policy (measured in benchmarks/README.md):
 #: the network frozen (lr 0: its logits are a fixed prior, and the residual table learns in
 #: closed-form numpy steps, ~5x the samples/s of a TF pass per step), leave-one-out baseline,
-#: plain gradient steps on the table large enough that a winning sample moves the mode
+#: plain gradient steps on the table large enough that a winning sample moves the mode, and
+#: samples aimed at the mode's critical path and towards each group's neighbours (rl.guide)
 GDP_SEARCH_DEFAULTS = {"lr": 0.0, "baseline": "loo", "residual_optimizer": "sgd", "residual_lr": 20.0,
-                       "samples": 32, "entropy": 0.0}
+                       "samples": 32, "entropy": 0.0, "guide": 16.0}
 #: the table's step size without a warm start: logits start near 0, where steps of 20
 #: collapse the policy onto its first lucky sample (measured on the tests' tiny problem)
 COLD_RESIDUAL_LR = 2.0
@@ -149,6 +151,7 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
             "logdir": str(run_dir) if run_dir else None, "warm_start": seeded,
             "warm_start_us": start_us, "mode_start_us": task.mode_start_us, "source": source,
             "vs_warm_start": (tracker.best_step_us / start_us) if start_us else None,
+            "guide_updates": task.guide_updates,
             "samples_per_second": summary["samples"] / max(summary["seconds"], 1e-9)}
 
 

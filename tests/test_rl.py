@@ -421,3 +421,77 @@ def test_frozen_network_table_step_is_the_policy_gradient(tiny):
     np.testing.assert_array_equal(fz.greedy()[0], pol.greedy(obs)[0][0])
     fz.update(acts, adv, lr=1.0, ent_w=0.0)
     np.testing.assert_allclose(fz.table - table0, np.where(atoms.allowed, expect, 0.0), atol=2e-6)
+
+
+@pytest.mark.timeout(60)
+def test_frozen_sampler_draws_from_the_policy_with_its_prior(tiny):
+    """The two-stage sampler (stay on the likeliest device, else pick among the others)
+    draws from softmax(net + table + prior) exactly: frequencies within 5 standard errors,
+    never a masked device; the mode ignores the prior."""
+    from types import SimpleNamespace
+
+    from placetool.rl import policies
+    from placetool.rl.trainer import _FrozenNetTable
+
+    p, _ = tiny
+    pol = policies.make("gdp", p.n_devices, seed=5, hidden=16)
+    atoms = pol.atoms_for(p)
+    rng = np.random.default_rng(1)
+    obs = pol.obs(atoms, [rng.normal(0, 2, (atoms.n, p.n_devices)).astype(np.float32)])
+    fz = _FrozenNetTable(pol, SimpleNamespace(obs=obs, residual_vars=[obs["bias"]], atoms=atoms))
+    mode = fz.greedy()[0]
+    K = 40_000
+    for prior in (None, rng.normal(0, 3, (atoms.n, p.n_devices))):
+        fz.prior = prior
+        prob = fz.probs()
+        acts = fz.sample(K, [7, prior is None])
+        freq = np.stack([(acts == d).mean(axis=0) for d in range(p.n_devices)], axis=1)
+        se = np.sqrt(prob * (1 - prob) / K)
+        assert np.all(np.abs(freq - prob) <= 5 * se + 1e-12), np.abs(freq - prob).max()
+        assert not np.any(freq[~atoms.allowed])
+        np.testing.assert_array_equal(fz.greedy()[0], mode)
+
+
+def test_critical_prior_weights_the_critical_path_and_the_neighbours_devices():
+    """Known answers for rl.guide: critical groups leave `weight` times as often as the
+    others with the mean kept, a leaving group's devices are ranked by log(1 + its
+    neighbours there) with the mean over the devices it may leave to kept, and the mode's
+    logit is untouched."""
+    from placetool.rl.guide import CriticalPrior
+    from placetool.search.critical import CriticalPath
+    from placetool.search.partition import group_edges
+
+    p = Problem(CostModel(presets.load_graph("synthetic-40"), presets.load_cluster("k80x4")))
+    n, D = p.n_groups, p.n_devices
+    mode = np.array([np.random.default_rng(k).choice(np.flatnonzero(p.allowed[k])) for k in range(n)])
+    rows = np.arange(n)
+    movable = p.allowed.sum(axis=1) >= 2
+    on = CriticalPath(p.cost_model, mode).on_group & movable
+    assert on.any() and (~on & movable).any()
+    leave = p.allowed.copy()
+    leave[rows, mode] = False
+
+    B = CriticalPrior(p, weight=8.0, affinity=0.0)(mode)
+    assert np.all(B[rows, mode] == 0)
+    w = np.where(on, 8.0, 1.0)
+    np.testing.assert_allclose(B[leave], np.repeat(np.log(w / w[movable].mean()), D)[leave.ravel()])
+
+    B = CriticalPrior(p, weight=1.0, affinity=1.0)(mode)
+    cnt = np.zeros((n, D))
+    for s, d, _ in zip(*group_edges(p)):
+        cnt[s, mode[d]] += 1
+        cnt[d, mode[s]] += 1
+    for k in np.flatnonzero(leave.sum(axis=1) >= 1):
+        devs = np.flatnonzero(leave[k])
+        np.testing.assert_allclose(B[k, devs] - B[k, devs[0]], np.log1p(cnt[k, devs]) - np.log1p(cnt[k, devs[0]]))
+        np.testing.assert_allclose(np.exp(B[k, devs]).mean(), 1.0)
+
+
+@pytest.mark.timeout(60)
+def test_rl_search_aims_its_samples_at_the_critical_path(tiny):
+    p, _ = tiny
+    on = run("rl", p, Budget(evals=200), seed=0)
+    off = run("rl", p, Budget(evals=200), seed=0, guide=0)
+    assert on.metadata["guide_updates"] >= 1 and off.metadata["guide_updates"] == 0
+    with pytest.raises(UserError, match="guide"):
+        run("rl", p, Budget(evals=10), seed=0, guide=0.5)
