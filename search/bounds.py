@@ -15,10 +15,11 @@
   time C every op must run within [head, C - tail] (heads and tails from critical
   paths on the fastest devices); if some window [t1, t2] holds more mandatory work than
   the devices can do in t2 - t1, no schedule of length C exists. Devices are counted
-  at their speed: the fastest class (devices with identical op times) does each op's
-  work at its time there, every other device at the best of them for that op, and the
-  fastest class takes the ops that are dearest elsewhere first (a fractional
-  knapsack), so a slow host adds little. The largest infeasible C found by bisection
+  at their speed: an op lasts its time on the fastest class (devices with identical op
+  times) there, and its best time among the other devices elsewhere; the least time it
+  spends in the window is taken at that duration, and the fastest class takes the ops
+  that save the most elsewhere per unit of its own time first (a fractional knapsack
+  per window), so a slow host adds little. The largest infeasible C found by bisection
   over a grid of windows is a bound.
 
 Every term ignores communication (a placement may avoid it) and memory, so each is a
@@ -57,47 +58,70 @@ def _heads_tails(topo_order, w, succ_ptr, succ):
     return head, tail
 
 
+@njit(cache=True, inline="always")
+def _overlap(t, L, t1, t2, head, tail, C):
+    """The least time an op lasting ``t`` spends inside [t1, t2] if it starts no earlier
+    than ``head`` and ends no later than ``C - tail``."""
+    return max(0.0, min(t, L, head + t - t1, t2 - (C - tail - t)))
+
+
 @njit(cache=True)
-def _energy_infeasible(C, head, tail, p, order, ra, rb, nA, nB, grid, full):
+def _energy_infeasible(C, head, tail, p, ra, rb, nA, nB, grid, full):
     """True if some window [grid[a], grid[b]] holds more work than the devices can do in
     it under step time C.
 
-    The work every op must do inside the window (``p`` is its fastest time) costs ``ra``
-    times as much on each of the ``nA`` devices of the fastest class and ``rb`` times on
-    each of the other ``nB`` devices (each at its best for that op). The class-A devices
-    take the ops dearest elsewhere first (``order``: rb / ra descending) — a fractional
-    knapsack that minimises what the others must take.
+    An op lasts ``ra * p`` on each of the ``nA`` devices of the fastest class and ``rb * p``
+    on the best of the other ``nB`` devices (``p``: its fastest time); the least time it
+    spends inside the window is taken at the duration of the class that runs it. Ops are
+    split between the classes fractionally: class A takes the ops that save the most
+    class-B time per unit of its own first (a fractional knapsack per window), which
+    minimises what class B must do, so "infeasible" is never claimed wrongly.
     """
     K = grid.shape[0]
-    for a in range(K):
-        t1 = grid[a]
-        for b in range(a + 1, K):
-            if not full and a > 0 and b < K - 1:  # large graphs: prefixes and suffixes only
+    n = p.shape[0]
+    a = np.empty(n)
+    b = np.empty(n)
+    key = np.empty(n)
+    cand = np.empty(n, np.int64)
+    for ia in range(K):
+        t1 = grid[ia]
+        for ib in range(ia + 1, K):
+            if not full and ia > 0 and ib < K - 1:  # large graphs: prefixes and suffixes only
                 continue
-            t2 = grid[b]
+            t2 = grid[ib]
             L = t2 - t1
             cap_a = nA * L * (1.0 + 1e-12)
             cap_b = nB * L * (1.0 + 1e-12)
             load_a = 0.0
             load_b = 0.0
-            for i in order:
+            nc = 0
+            for i in range(n):
                 if p[i] <= 0.0:
                     continue
-                left = head[i] + p[i] - t1  # overlap when started as early as possible
-                right = t2 - (C - tail[i] - p[i])  # ... and as late as possible
-                m = min(p[i], L, left, right)
-                if m <= 0.0:
+                ai = _overlap(ra[i] * p[i], L, t1, t2, head[i], tail[i], C) if ra[i] < np.inf else np.inf
+                bi = _overlap(rb[i] * p[i], L, t1, t2, head[i], tail[i], C) if rb[i] < np.inf else np.inf
+                if ai == 0.0 or bi == 0.0:
+                    continue  # free on one side
+                if ai == np.inf:
+                    load_b += bi
+                elif bi == np.inf:
+                    load_a += ai
+                else:
+                    a[nc], b[nc], key[nc], cand[nc] = ai, bi, -bi / ai, i
+                    nc += 1
+            if load_a > cap_a or load_b > cap_b:
+                return True
+            order = np.argsort(key[:nc])
+            for k in order:
+                room = cap_a - load_a
+                if a[k] <= room:
+                    load_a += a[k]
                     continue
-                room = cap_a - load_a  # class A first, the rest of the op (if any) elsewhere
-                need_a = m * ra[i]
-                if need_a <= room:
-                    load_a += need_a
-                    continue
-                share = room / need_a if need_a < np.inf and room > 0.0 else 0.0
-                load_a = cap_a if share > 0.0 else load_a
-                load_b += (1.0 - share) * m * rb[i]
-                if load_b > cap_b:
-                    return True
+                share = room / a[k] if room > 0.0 else 0.0
+                load_a = max(load_a, cap_a)
+                load_b += (1.0 - share) * b[k]
+            if load_b > cap_b:
+                return True
     return False
 
 
@@ -161,8 +185,6 @@ def energy_bound(cost_model, start: float, grid_points: int = 24, iters: int = 1
     p = np.where(np.isfinite(p), p, 0.0)
     head, tail = _heads_tails(np.ascontiguousarray(g.topo_order, np.int64), p, *g.successors)
     nA, nB, ra, rb = _speed_classes(cost_model.T)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        order = np.argsort(-(rb / ra), kind="stable").astype(np.int64)
     lo, hi = start, max(start, float(p.sum()))  # C = hi is always feasible for this test
     full = g.n_ops * grid_points ** 2 <= 1_000_000
     if hi <= lo:
@@ -170,7 +192,7 @@ def energy_bound(cost_model, start: float, grid_points: int = 24, iters: int = 1
     for _ in range(iters):
         C = 0.5 * (lo + hi)
         grid = np.linspace(0.0, C, grid_points)
-        if _energy_infeasible(C, head, tail, p, order, ra, rb, float(nA), float(nB), grid, full):
+        if _energy_infeasible(C, head, tail, p, ra, rb, float(nA), float(nB), grid, full):
             lo = C
         else:
             hi = C

@@ -41,6 +41,15 @@ def test_an_op_pinned_to_the_slow_device_counts_there():
     assert lower_bound(Problem(cm))["best"] == pytest.approx(10.0, abs=0.01)
 
 
+def test_an_op_on_its_slower_class_fills_at_most_the_window():
+    # device 0 is the "fastest class" (least total time), but ops 1 and 3 take 3 µs there
+    # and 5 µs on device 1; the optimum is 5 (op 1 on device 0, op 3 on device 1). Counting
+    # an op's least time inside a window at its fastest duration, then scaling by its
+    # slow-down on the class, put more than the window's length of it there: 5.85.
+    cm = independent_ops(4, [[0.0, 2.0], [3.0, 5.0], [1.0, 0.0], [3.0, 5.0]])
+    assert energy_bound(cm, 0.0) <= 5.0 + 1e-9
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cost_models(min_ops=1, max_ops=7, max_devices=3, memories=(1 << 40,)))
 def test_every_bound_is_below_the_best_placement(cm):
