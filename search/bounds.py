@@ -82,7 +82,6 @@ def _energy_infeasible(C, head, tail, p, ra, rb, nA, nB, grid, full):
     a = np.empty(n)
     b = np.empty(n)
     key = np.empty(n)
-    cand = np.empty(n, np.int64)
     for ia in range(K):
         t1 = grid[ia]
         for ib in range(ia + 1, K):
@@ -107,7 +106,7 @@ def _energy_infeasible(C, head, tail, p, ra, rb, nA, nB, grid, full):
                 elif bi == np.inf:
                     load_a += ai
                 else:
-                    a[nc], b[nc], key[nc], cand[nc] = ai, bi, -bi / ai, i
+                    a[nc], b[nc], key[nc] = ai, bi, -bi / ai
                     nc += 1
             if load_a > cap_a or load_b > cap_b:
                 return True

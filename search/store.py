@@ -34,6 +34,7 @@ SCHEMA_VERSION = 1
 KEY = ("graph", "cluster", "method", "seed", "budget", "options")
 CLAIM_LEASE_S = 2 * 3600.0  # a claim from another host with no heartbeat this long is dead
 
+STATUSES = ("ok", "failed")
 # (column, SQL type); the order is the table's column order.
 COLUMNS = (
     ("graph", "TEXT NOT NULL"),
@@ -46,7 +47,7 @@ COLUMNS = (
     ("cluster_source", "TEXT"),
     ("budget_evals", "INTEGER"),
     ("budget_seconds", "REAL"),
-    ("status", "TEXT NOT NULL CHECK (status IN ('ok', 'failed'))"),
+    ("status", f"TEXT NOT NULL CHECK (status IN ({', '.join(repr(x) for x in STATUSES)}))"),
     ("step_time_us", "REAL"),
     ("feasible", "INTEGER"),
     ("lower_bound_us", "REAL"),
@@ -68,7 +69,6 @@ COLUMNS = (
     ("metadata", "TEXT"),                 # JSON, what the method returned
 )
 NAMES = tuple(c for c, _ in COLUMNS)
-STATUSES = ("ok", "failed")
 JSON_COLUMNS = ("options", "versions", "history", "metadata")
 
 
