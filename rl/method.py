@@ -38,9 +38,11 @@ DEFAULT_BUDGET = Budget(seconds=120.0)
 #: the network frozen (lr 0: its logits are a fixed prior, and the residual table learns in
 #: closed-form numpy steps, ~5x the samples/s of a TF pass per step), leave-one-out baseline,
 #: plain gradient steps on the table large enough that a winning sample moves the mode, and
-#: samples aimed at the mode's critical path and towards each group's neighbours (rl.guide)
+#: samples aimed at the mode's critical path and towards each group's neighbours (rl.guide),
+#: which never stop leaving the mode (without the floor the table's steps drive the chance
+#: to leave towards 0 within ~20 s on nmt/k80x4 and the search stalls)
 GDP_SEARCH_DEFAULTS = {"lr": 0.0, "baseline": "loo", "residual_optimizer": "sgd", "residual_lr": 20.0,
-                       "samples": 32, "entropy": 0.0, "guide": 16.0}
+                       "samples": 32, "entropy": 0.0, "guide": 16.0, "min_moves": 1.0}
 #: the table's step size without a warm start: logits start near 0, where steps of 20
 #: collapse the policy onto its first lucky sample (measured on the tests' tiny problem)
 COLD_RESIDUAL_LR = 2.0
@@ -82,7 +84,7 @@ def run_folder(logdir, label: str) -> Path:
 
 @register("rl", budget=DEFAULT_BUDGET, summary="REINFORCE placement policies (TensorFlow; see `placetool rl`)")
 def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None, logdir=None,
-       warm_start: bool = True, explore: float = 4.0, **options):
+       warm_start: bool = True, explore: float = 3.0, **options):
     """REINFORCE with a seq2seq / hierarchical / GDP policy; metadata says what it learnt."""
     from . import policies
     from .tfutil import set_seed, tf

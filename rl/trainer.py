@@ -51,6 +51,8 @@ class TrainConfig:
     guide: float = 0.0          # > 0 (>= 1): groups on the mode's critical path leave it this many times as
     #                             often (rl.guide; frozen network, one atom per group); 0: off
     guide_affinity: float = 1.0  # with guide: how strongly a leaving group goes where its neighbours are
+    min_moves: float = 0.0      # frozen network: samples leave the mode on at least this many atoms on
+    #                             average, the learnt leave-probabilities scaled up to it (0: no floor)
     tasks_per_step: int | None = None  # multi-problem training: this many problems per step, in rotation
     checkpoint_every: int = 50  # steps between checkpoints (with a logdir)
 
@@ -71,6 +73,8 @@ class TrainConfig:
             raise UserError(f"rl: ppo_epochs must be >= 1, got {cfg.ppo_epochs}")
         if not (cfg.guide == 0 or cfg.guide >= 1):
             raise UserError(f"rl: guide must be 0 (off) or >= 1, got {cfg.guide!r}")
+        if not cfg.min_moves >= 0:
+            raise UserError(f"rl: min_moves must be >= 0, got {cfg.min_moves!r}")
         if not cfg.guide_affinity >= 0:
             raise UserError(f"rl: guide_affinity must be >= 0, got {cfg.guide_affinity!r}")
         return cfg
@@ -104,6 +108,10 @@ class _FrozenNetTable:
         #: an exploration prior added to the sampling logits (see :mod:`placetool.rl.guide`);
         #: the mode is the argmax without it
         self.prior = None
+        #: exploration floor: samples leave the mode on at least this many atoms on average
+        #: (each atom's learnt chance to leave scaled up alike, to at most 1/2); the update
+        #: keeps the policy's own score function, as with epsilon-greedy exploration
+        self.floor = 0.0
 
     def logits(self):
         lg = (self.net + self.table) / self.T
@@ -121,13 +129,20 @@ class _FrozenNetTable:
         its most likely device r with probability p[r], else it goes to another device d
         with probability p[d] / (1 - p[r]). A warm-started policy moves a few atoms per
         sample, so this draws K x atoms uniforms where Gumbel-max drew K x atoms x devices
-        (it was 60% of a step's time on gnmt4's 12k groups on 9 devices)."""
+        (it was 60% of a step's time on gnmt4's 12k groups on 9 devices). With a
+        ``floor``, the chances to leave are scaled up to it first (see ``floor``)."""
         rng = np.random.default_rng(seed)
         p = self.probs()
         rows = np.arange(self.n)
         r = np.argmax(p, axis=1)
         out = np.broadcast_to(r.astype(np.int32), (K, self.n)).copy()
-        ks, gs = np.nonzero(rng.random((K, self.n)) >= p[rows, r][None, :])
+        stay = p[rows, r]
+        if self.floor > 0:
+            leave = 1.0 - stay
+            tot = float(leave.sum())
+            if 0 < tot < self.floor:
+                stay = 1.0 - np.minimum(leave * (self.floor / tot), 0.5)
+        ks, gs = np.nonzero(rng.random((K, self.n)) >= stay[None, :])
         if gs.size:
             q = p[gs]
             q[np.arange(gs.size), r[gs]] = 0.0
@@ -228,6 +243,8 @@ class Trainer:
         frozen = self.cfg.lr == 0 and hasattr(policy, "net_logits") and self.cfg.ppo_epochs == 1
         for t in self.tasks:
             t.frozen = _FrozenNetTable(policy, t) if frozen and len(t.residual_vars) == 1 else None
+            if t.frozen is not None:
+                t.frozen.floor = float(self.cfg.min_moves)
             one_per_group = np.array_equal(t.atoms.members, np.arange(t.problem.n_groups))
             if self.cfg.guide and t.frozen is not None and one_per_group:
                 from .guide import CriticalPrior

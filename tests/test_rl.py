@@ -452,6 +452,48 @@ def test_frozen_sampler_draws_from_the_policy_with_its_prior(tiny):
         np.testing.assert_array_equal(fz.greedy()[0], mode)
 
 
+@pytest.mark.timeout(60)
+def test_frozen_sampler_floor_scales_the_chance_to_leave(tiny):
+    """With an exploration floor above the policy's own expected moves, each atom leaves
+    its mode with probability min(floor * q / sum(q), 1/2) (q: its chance to leave) and,
+    when it leaves, goes to the other devices in the policy's proportions; a floor below
+    the policy's expected moves changes no draw."""
+    from types import SimpleNamespace
+
+    from placetool.rl import policies
+    from placetool.rl.trainer import _FrozenNetTable
+
+    p, _ = tiny
+    pol = policies.make("gdp", p.n_devices, seed=5, hidden=16)
+    atoms = pol.atoms_for(p)
+    rng = np.random.default_rng(2)
+    table = rng.normal(0, 1, (atoms.n, p.n_devices))
+    table[np.arange(atoms.n), rng.integers(0, p.n_devices, atoms.n)] += 9.0  # a confident mode
+    obs = pol.obs(atoms, [table.astype(np.float32)])
+    fz = _FrozenNetTable(pol, SimpleNamespace(obs=obs, residual_vars=[obs["bias"]], atoms=atoms))
+    prob = fz.probs()
+    rows = np.arange(atoms.n)
+    mode = fz.greedy()[0]
+    q = 1.0 - prob[rows, mode]
+    assert 0 < q.sum() < 0.5
+
+    fz.floor = 0.5 * q.sum()
+    no_floor = _FrozenNetTable(pol, SimpleNamespace(obs=obs, residual_vars=[obs["bias"]], atoms=atoms))
+    np.testing.assert_array_equal(fz.sample(100, [9]), no_floor.sample(100, [9]))
+
+    fz.floor = 2.0
+    K = 40_000
+    acts = fz.sample(K, [8])
+    leave = np.minimum(q * 2.0 / q.sum(), 0.5)
+    expect = prob / np.maximum(q, 1e-300)[:, None] * leave[:, None]  # atoms with one device never leave
+    expect[rows, mode] = 1.0 - leave
+    freq = np.stack([(acts == d).mean(axis=0) for d in range(p.n_devices)], axis=1)
+    se = np.sqrt(expect * (1 - expect) / K)
+    assert np.all(np.abs(freq - expect) <= 5 * se + 1e-12), np.abs(freq - expect).max()
+    assert abs((acts != mode).sum(axis=1).mean() - leave.sum()) < 0.05
+    assert not np.any(freq[~atoms.allowed])
+
+
 def test_critical_prior_weights_the_critical_path_and_the_neighbours_devices():
     """Known answers for rl.guide: critical groups leave `weight` times as often as the
     others with the mean kept, a leaving group's devices are ranked by log(1 + its
@@ -495,3 +537,5 @@ def test_rl_search_aims_its_samples_at_the_critical_path(tiny):
     assert on.metadata["guide_updates"] >= 1 and off.metadata["guide_updates"] == 0
     with pytest.raises(UserError, match="guide"):
         run("rl", p, Budget(evals=10), seed=0, guide=0.5)
+    with pytest.raises(UserError, match="min_moves must be >= 0"):
+        run("rl", p, Budget(evals=10), seed=0, min_moves=-1)
