@@ -10,10 +10,11 @@ and a checkpoint to its own subfolder), ``warm_start`` (default True: like ``sa`
 mode, also when fine-tuning a pre-trained policy, whose network then decides where
 samples move off that mode; False: learn from the network and compute-time prior
 alone), ``explore`` (with a warm start, how many groups a sample moves off the mode on
-average), plus policy knobs
+average at first, default 3), plus policy knobs
 (``hidden``, ``max_groups``, ``n_groups``, ``tanh_c``, ``temperature``, ``layers``...)
 and trainer knobs (see :class:`placetool.rl.trainer.TrainConfig`; ``guide=0`` turns off the
-exploration aimed at the critical path, :mod:`placetool.rl.guide`).
+exploration aimed at the critical path, :mod:`placetool.rl.guide`; ``min_moves=0`` lets
+the chance to leave the mode fall towards 0 as the policy learns, which stalls the search).
 
 The budget is the search budget: every sampled placement is one evaluation. The result's
 metadata says where the best placement came from (``source``: ``warm start NAME`` or
