@@ -59,7 +59,9 @@ class CriticalPrior:
         n, D = p.n_groups, p.n_devices
         mode = np.asarray(mode, np.int64)
         rows = np.arange(n)
-        on = CriticalPath(p.cost_model, mode).on_group & self.movable
+        #: the traced path of the last mode (for compound moves along it)
+        self.path = CriticalPath(p.cost_model, mode)
+        on = self.path.on_group & self.movable
         # leave-probabilities scaled by w, with the mean over movable groups kept at 1
         w = np.where(on, self.weight, 1.0)
         if self.movable.any():

@@ -53,6 +53,9 @@ class TrainConfig:
     guide_affinity: float = 1.0  # with guide: how strongly a leaving group goes where its neighbours are
     min_moves: float = 0.0      # frozen network: samples leave the mode on at least this many atoms on
     #                             average, the learnt leave-probabilities scaled up to it (0: no floor)
+    compound: int = 0           # with guide: this many of the K samples per step are compound moves along the
+    #                             mode's critical path (a run of groups to one device, a transfer pulled onto one
+    #                             side, a swap; search.critical.CriticalMoves) instead of the policy's draws
     tasks_per_step: int | None = None  # multi-problem training: this many problems per step, in rotation
     checkpoint_every: int = 50  # steps between checkpoints (with a logdir)
 
@@ -73,6 +76,8 @@ class TrainConfig:
             raise UserError(f"rl: ppo_epochs must be >= 1, got {cfg.ppo_epochs}")
         if not (cfg.guide == 0 or cfg.guide >= 1):
             raise UserError(f"rl: guide must be 0 (off) or >= 1, got {cfg.guide!r}")
+        if cfg.compound < 0:
+            raise UserError(f"rl: compound must be >= 0, got {cfg.compound!r}")
         if not cfg.min_moves >= 0:
             raise UserError(f"rl: min_moves must be >= 0, got {cfg.min_moves!r}")
         if not cfg.guide_affinity >= 0:
@@ -199,8 +204,12 @@ class _Task:
         self.worst = 1.0
         self.best = np.inf
         self.best_assignment = None
-        #: trainer step at which ``best`` was sampled (None: not yet)
+        #: trainer step at which ``best`` was sampled (None: not yet), and by what: "policy"
+        #: (its draws or its mode) or "compound" (a compound move off the mode)
         self.best_step = None
+        self.best_origin = None
+        #: new bests found by each origin
+        self.improvements = {"policy": 0, "compound": 0}
         #: the step time the task started from (a warm start's), if the caller sets it
         self.start_us: float | None = None
         #: step time of the policy's mode (greedy placement) when it was scored before any update
@@ -209,9 +218,12 @@ class _Task:
         self.guide = None
         self.guide_mode = None
         self.guide_updates = 0
+        #: the compound-move proposer (with ``compound`` and a guide)
+        self.moves = None
 
-    def score(self, A, step_no=0):
-        """(step times, feasible) of a batch; through the tracker when there is one."""
+    def score(self, A, step_no=0, compound=None):
+        """(step times, feasible) of a batch; through the tracker when there is one.
+        ``compound`` marks the rows that are compound moves (for the best's origin)."""
         if self.tracker is not None:
             r = self.tracker.evaluate(A)
             n = len(r.assignments)
@@ -224,6 +236,8 @@ class _Task:
             i = int(np.argmin(np.where(ok, step, np.inf)))
             if step[i] < self.best:
                 self.best, self.best_assignment, self.best_step = float(step[i]), A[i].copy(), step_no
+                self.best_origin = "compound" if compound is not None and compound[i] else "policy"
+                self.improvements[self.best_origin] += 1
         return n, step, ok
 
 
@@ -241,15 +255,19 @@ class Trainer:
         self.tasks = [_Task(policy, p, t, r, self.cfg.residual_lr, self.cfg.clip_norm, self.cfg.residual_optimizer)
                       for p, t, r in zip(problems, trackers, residuals)]
         frozen = self.cfg.lr == 0 and hasattr(policy, "net_logits") and self.cfg.ppo_epochs == 1
-        for t in self.tasks:
+        for ti, t in enumerate(self.tasks):
             t.frozen = _FrozenNetTable(policy, t) if frozen and len(t.residual_vars) == 1 else None
             if t.frozen is not None:
                 t.frozen.floor = float(self.cfg.min_moves)
             one_per_group = np.array_equal(t.atoms.members, np.arange(t.problem.n_groups))
             if self.cfg.guide and t.frozen is not None and one_per_group:
+                from placetool.search.critical import CriticalMoves
+
                 from .guide import CriticalPrior
 
                 t.guide = CriticalPrior(t.problem, self.cfg.guide, self.cfg.guide_affinity)
+                if self.cfg.compound:
+                    t.moves = CriticalMoves(t.problem, np.random.default_rng([self.seed, 7919, ti]))
         import keras
 
         self.opt = keras.optimizers.Adam(float(self.cfg.lr), global_clipnorm=self.cfg.clip_norm)
@@ -362,16 +380,18 @@ class Trainer:
             if task.guide is not None:
                 self._aim(task)
             with_greedy = self.step_no % max(self.cfg.greedy_every, 1) == 0
-            parts = []
+            parts, compound = [], []
             if with_greedy:
                 mode = (fz.greedy(),) if fz else self.policy.greedy(task.obs)
                 parts.append(self.policy.assignment(task.atoms, mode))
+                compound.append(np.zeros(1, bool))
             # a zero-shot call (one evaluation left) scores the mode only: no samples drawn
             if not (with_greedy and task.tracker is not None and task.tracker.remaining_evals() <= 1):
                 actions = (fz.sample(K, seed),) if fz else self.policy.sample(task.obs, K, seed)
+                compound.append(self._compound(task, actions[0]) if task.moves is not None else np.zeros(K, bool))
                 parts.append(self.policy.assignment(task.atoms, actions))
             A = np.concatenate(parts)
-            n, step, ok = task.score(A, self.step_no)
+            n, step, ok = task.score(A, self.step_no, np.concatenate(compound))
             self.samples_seen += n
             if with_greedy:
                 greedy_step = float(step[0]) if ok[0] else np.inf
@@ -406,6 +426,26 @@ class Trainer:
         out = {k: float(np.mean([s[k] for s in stats])) for k in (stats[0] if stats else {}) if all(k in s for s in stats)}
         self._log(out)
         return out
+
+    #: compound moves only: a single group's move towards its neighbours is what the
+    #: policy's own draws (with the guide's prior) already propose
+    COMPOUND_KINDS = ("chain", "pull", "swap")
+
+    def _compound(self, task: _Task, acts: np.ndarray) -> np.ndarray:
+        """Overwrite the first ``compound`` rows of ``acts`` (one atom per group) with
+        compound moves off the mode along its critical path (a row stays the policy's
+        draw where the path offers no such move); returns which rows were replaced.
+
+        The table then learns from these rows as from its own draws (no importance
+        weights, as with the exploration floor): a winning compound move moves the mode."""
+        kinds, rng = self.COMPOUND_KINDS, task.moves.rng
+        replaced = np.zeros(len(acts), bool)
+        for j in range(min(self.cfg.compound, len(acts))):
+            a = task.moves.propose(task.guide_mode, task.guide.path, kinds[rng.integers(len(kinds))])
+            if a is not None:
+                acts[j] = a
+                replaced[j] = True
+        return replaced
 
     def _aim(self, task: _Task) -> None:
         """Point the task's exploration prior at its mode's critical path (again, if the mode moved)."""

@@ -539,3 +539,43 @@ def test_rl_search_aims_its_samples_at_the_critical_path(tiny):
         run("rl", p, Budget(evals=10), seed=0, guide=0.5)
     with pytest.raises(UserError, match="min_moves must be >= 0"):
         run("rl", p, Budget(evals=10), seed=0, min_moves=-1)
+
+
+@pytest.mark.timeout(60)
+def test_rl_compound_samples_are_moves_along_the_modes_critical_path():
+    """With ``compound`` the first rows of a step's samples are compound moves off the
+    mode (valid, different from it, touching its critical path); a new best from such a
+    row is reported as theirs, and the result counts new bests by origin."""
+    from placetool.rl import policies
+    from placetool.rl.trainer import Trainer, TrainConfig
+    from placetool.search.critical import CriticalPath
+
+    p = Problem(CostModel(presets.load_graph("synthetic-40"), presets.load_cluster("k80x4")))
+    pol = policies.make("gdp", p.n_devices, seed=0, hidden=16)
+    tr = Trainer(pol, [p], TrainConfig(lr=0.0, guide=16.0, compound=6, samples=10), seed=0)
+    task = tr.tasks[0]
+    tr._aim(task)
+    mode = task.guide_mode
+    on = CriticalPath(p.cost_model, mode).on_group
+    acts = task.frozen.sample(10, [1])
+    drawn = acts.copy()
+    replaced = tr._compound(task, acts)
+    assert replaced.sum() >= 1 and not replaced[6:].any()
+    np.testing.assert_array_equal(acts[~replaced], drawn[~replaced])
+    for a in acts[replaced]:
+        changed = a != mode
+        assert changed.any() and on[changed].any()
+        assert p.allowed[np.arange(p.n_groups), a].all()
+
+    A = np.stack([mode, acts[np.flatnonzero(replaced)[0]]])
+    steps = p.cost_model.simulate_batch(A).step_time_us
+    task.score(A, step_no=3, compound=np.array([False, True]))
+    assert task.best_origin == ("compound" if steps[1] < steps[0] else "policy") and task.best_step == 3
+
+    r = run("rl", p, Budget(evals=400), seed=0, compound=16)
+    assert sum(r.metadata["improvements"].values()) >= 1
+    off = run("rl", p, Budget(evals=400), seed=0, compound=0)
+    assert off.metadata["improvements"]["compound"] == 0
+    assert not off.metadata["source"].startswith("compound")
+    with pytest.raises(UserError, match="compound must be >= 0"):
+        run("rl", p, Budget(evals=10), seed=0, compound=-1)
