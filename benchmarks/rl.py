@@ -10,8 +10,9 @@ in the same process with the same ``--seconds`` budget and seed:
 
 - warm start: the best cheap placement rl (and sa) start from, and its name;
 - rl at T s: ``placetool search --method rl`` (gdp on every group) — its best, its ratio to
-  the warm start, *where the best came from* (``warm start NAME`` or ``policy at step
-  N``), its steps and samples/s;
+  the warm start, *where the best came from* (``warm start NAME``, ``policy at step N``
+  or ``compound move off the policy's mode at step N``), new bests by origin (JSON:
+  ``rl_improvements``), its steps and samples/s;
 - sa at T s: simulated annealing (incremental simulator), its best and evaluations/s;
 - rl / sa: below 1.0 rl won.
 
@@ -57,7 +58,7 @@ def search_row(instance: str, seconds: float, seed: int, rl_opts: dict) -> dict:
     return {"instance": instance, "ops": p.graph.n_ops, "groups": p.n_groups, "seconds": seconds,
             "warm_start": m.get("warm_start"), "warm_start_us": m.get("warm_start_us"),
             "rl_us": r.step_time_us, "rl_vs_warm": m.get("vs_warm_start"), "rl_source": m.get("source"),
-            "rl_steps": m.get("steps"), "rl_evals": r.evaluations, "rl_samples_per_s": r.evaluations / rl_wall,
+            "rl_improvements": m.get("improvements"), "rl_steps": m.get("steps"), "rl_evals": r.evaluations, "rl_samples_per_s": r.evaluations / rl_wall,
             "sa_us": s.step_time_us, "sa_evals": s.evaluations, "sa_evals_per_s": s.evaluations / sa_wall,
             "rl_vs_sa": r.step_time_us / s.step_time_us}
 
