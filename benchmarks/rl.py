@@ -2,7 +2,7 @@
 
     python benchmarks/rl.py                                     # the full table: 4 instances x 300 s
     python benchmarks/rl.py --instances synthetic-1k/k80x4,nmt/k80x4 --seconds 60
-    python benchmarks/rl.py --transfer inception_v3/k80x4,transformer/k40x8 --seconds 0
+    python benchmarks/rl.py --instances '' --transfer inception_v3/k80x4,transformer/k40x8
     python benchmarks/rl.py --json
 
 Search table, one row per instance (graph/cluster), both methods run one after the other
