@@ -208,7 +208,7 @@ class _Task:
         #: (its draws or its mode) or "compound" (a compound move off the mode)
         self.best_step = None
         self.best_origin = None
-        #: new bests found by each origin
+        #: new bests (of this run's own samples) found by each origin
         self.improvements = {"policy": 0, "compound": 0}
         #: the step time the task started from (a warm start's), if the caller sets it
         self.start_us: float | None = None
@@ -427,8 +427,10 @@ class Trainer:
         self._log(out)
         return out
 
-    #: compound moves only: a single group's move towards its neighbours is what the
-    #: policy's own draws (with the guide's prior) already propose
+    #: the kinds of CriticalMoves measured (benchmarks/README.md, "Compound moves among the
+    #: samples"): a run of critical groups to one device, one end of a transfer on the path
+    #: moved to the other's device, a swap; sa's other kinds move one group to a neighbour's
+    #: or a less busy device, much as the policy's own draws with the guide's prior do
     COMPOUND_KINDS = ("chain", "pull", "swap")
 
     def _compound(self, task: _Task, acts: np.ndarray) -> np.ndarray:
