@@ -58,7 +58,8 @@ def search_row(instance: str, seconds: float, seed: int, rl_opts: dict) -> dict:
     return {"instance": instance, "ops": p.graph.n_ops, "groups": p.n_groups, "seconds": seconds,
             "warm_start": m.get("warm_start"), "warm_start_us": m.get("warm_start_us"),
             "rl_us": r.step_time_us, "rl_vs_warm": m.get("vs_warm_start"), "rl_source": m.get("source"),
-            "rl_improvements": m.get("improvements"), "rl_steps": m.get("steps"), "rl_evals": r.evaluations, "rl_samples_per_s": r.evaluations / rl_wall,
+            "rl_improvements": m.get("improvements"), "rl_steps": m.get("steps"), "rl_evals": r.evaluations,
+            "rl_samples_per_s": r.evaluations / rl_wall,
             "sa_us": s.step_time_us, "sa_evals": s.evaluations, "sa_evals_per_s": s.evaluations / sa_wall,
             "rl_vs_sa": r.step_time_us / s.step_time_us}
 

@@ -52,6 +52,8 @@ class CriticalPrior:
         self.nb_dst = np.concatenate([d, s]).astype(np.int64)
         self.allowed = problem.allowed
         self.movable = self.allowed.sum(axis=1) >= 2
+        #: the traced critical path of the mode of the last call (compound moves follow it)
+        self.path = None
 
     def __call__(self, mode: np.ndarray) -> np.ndarray:
         """The prior for group assignment ``mode``: 0 on each group's mode device."""
@@ -59,7 +61,6 @@ class CriticalPrior:
         n, D = p.n_groups, p.n_devices
         mode = np.asarray(mode, np.int64)
         rows = np.arange(n)
-        #: the traced path of the last mode (for compound moves along it)
         self.path = CriticalPath(p.cost_model, mode)
         on = self.path.on_group & self.movable
         # leave-probabilities scaled by w, with the mean over movable groups kept at 1

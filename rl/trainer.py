@@ -261,12 +261,12 @@ class Trainer:
                 t.frozen.floor = float(self.cfg.min_moves)
             one_per_group = np.array_equal(t.atoms.members, np.arange(t.problem.n_groups))
             if self.cfg.guide and t.frozen is not None and one_per_group:
-                from placetool.search.critical import CriticalMoves
-
                 from .guide import CriticalPrior
 
                 t.guide = CriticalPrior(t.problem, self.cfg.guide, self.cfg.guide_affinity)
                 if self.cfg.compound:
+                    from placetool.search.critical import CriticalMoves
+
                     t.moves = CriticalMoves(t.problem, np.random.default_rng([self.seed, 7919, ti]))
         import keras
 
