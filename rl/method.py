@@ -19,8 +19,8 @@ the chance to leave the mode fall towards 0 as the policy learns, which stalls t
 The budget is the search budget: every sampled placement is one evaluation. The result's
 metadata says where the best placement came from (``source``: ``warm start NAME``,
 ``policy at step N`` or ``compound move off the policy's mode at step N``), how many new
-bests each kind of sample found (``improvements``) and how the result compares with the
-warm start (``vs_warm_start``).
+bests each kind of sample found (``improvements``), how many compound moves were scored
+(``compound_samples``) and how the result compares with the warm start (``vs_warm_start``).
 """
 
 from __future__ import annotations
@@ -162,6 +162,7 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
             "warm_start_us": start_us, "mode_start_us": task.mode_start_us, "source": source,
             "vs_warm_start": (tracker.best_step_us / start_us) if start_us else None,
             "guide_updates": task.guide_updates, "improvements": dict(task.improvements),
+            "compound_samples": task.compound_samples,
             "samples_per_second": summary["samples"] / max(summary["seconds"], 1e-9)}
 
 

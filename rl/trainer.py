@@ -218,8 +218,10 @@ class _Task:
         self.guide = None
         self.guide_mode = None
         self.guide_updates = 0
-        #: the compound-move proposer (with ``compound`` and a guide)
+        #: the compound-move proposer (with ``compound`` and a guide), and how many of its
+        #: moves were scored
         self.moves = None
+        self.compound_samples = 0
 
     def score(self, A, step_no=0, compound=None):
         """(step times, feasible) of a batch; through the tracker when there is one.
@@ -447,6 +449,7 @@ class Trainer:
             if a is not None:
                 acts[j] = a
                 replaced[j] = True
+        task.compound_samples += int(replaced.sum())
         return replaced
 
     def _aim(self, task: _Task) -> None:
