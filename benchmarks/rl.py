@@ -19,7 +19,7 @@ in the same process with the same ``--seconds`` budget and seed:
 Transfer table (``--transfer``, held-out graphs of the bundled policy by default): the
 pre-trained policy placed zero-shot (one evaluation: its greedy placement, and the wall
 time of the whole call, TensorFlow start-up excluded), fine-tuned for ``--finetune``
-seconds, and sa for the same seconds.
+seconds (with ``--rl-options``), and sa for the same seconds.
 
 Timings on a shared machine vary with its load; compare rows of one run, not across runs.
 """
@@ -64,7 +64,7 @@ def search_row(instance: str, seconds: float, seed: int, rl_opts: dict) -> dict:
             "rl_vs_sa": r.step_time_us / s.step_time_us}
 
 
-def transfer_row(instance: str, policy: str, finetune: float, seed: int) -> dict:
+def transfer_row(instance: str, policy: str, finetune: float, seed: int, rl_opts: dict) -> dict:
     p = problem(instance)
     t = time.perf_counter()
     z = run("rl", p, Budget(evals=1), seed=seed, init_from=policy)
@@ -72,7 +72,7 @@ def transfer_row(instance: str, policy: str, finetune: float, seed: int) -> dict
     row = {"instance": instance, "ops": p.graph.n_ops, "zero_shot_us": z.step_time_us, "zero_shot_s": zero_wall,
            "zero_shot_feasible": z.feasible}
     if finetune > 0:
-        f = run("rl", p, Budget(seconds=finetune), seed=seed, init_from=policy)
+        f = run("rl", p, Budget(seconds=finetune), seed=seed, init_from=policy, **rl_opts)
         s = run("sa", p, Budget(seconds=finetune), seed=seed)
         row.update({"finetuned_us": f.step_time_us, "finetuned_source": f.metadata.get("source"),
                     "sa_us": s.step_time_us, "zero_shot_vs_sa": z.step_time_us / s.step_time_us,
@@ -100,12 +100,13 @@ def main(argv=None) -> int:
     for m in ("sa", "rl"):
         run(m, warm, Budget(evals=300), seed=0)
     rows, trows = [], []
+    rl_opts = json.loads(a.rl_options)
     for inst in [s for s in a.instances.split(",") if s]:
         print(f"{inst}: rl and sa, {a.seconds:g} s each ...", file=sys.stderr)
-        rows.append(search_row(inst, a.seconds, a.seed, json.loads(a.rl_options)))
+        rows.append(search_row(inst, a.seconds, a.seed, rl_opts))
     for inst in [s for s in a.transfer.split(",") if s]:
         print(f"{inst}: zero-shot, fine-tune and sa {a.finetune:g} s ...", file=sys.stderr)
-        trows.append(transfer_row(inst, a.policy, a.finetune, a.seed))
+        trows.append(transfer_row(inst, a.policy, a.finetune, a.seed, rl_opts))
     if a.json:
         print(json.dumps({"seconds": a.seconds, "search": rows, "transfer": trows}, default=float, indent=1))
         return 0
