@@ -19,7 +19,7 @@ the chance to leave the mode fall towards 0 as the policy learns, which stalls t
 The budget is the search budget: every sampled placement is one evaluation. The result's
 metadata says where the best placement came from (``source``: ``warm start NAME``,
 ``policy at step N`` or ``compound move off the policy's mode at step N``), how many new
-bests each kind of sample found (``improvements``), how many compound moves were scored
+bests each kind of sample found (``improvements``), how many compound moves were drawn
 (``compound_samples``) and how the result compares with the warm start (``vs_warm_start``).
 """
 

@@ -219,7 +219,7 @@ class _Task:
         self.guide_mode = None
         self.guide_updates = 0
         #: the compound-move proposer (with ``compound`` and a guide), and how many of its
-        #: moves were scored
+        #: moves were drawn (the last batch may be cut short by the budget)
         self.moves = None
         self.compound_samples = 0
 
