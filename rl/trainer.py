@@ -384,7 +384,10 @@ class Trainer:
             with_greedy = self.step_no % max(self.cfg.greedy_every, 1) == 0
             parts, compound = [], []
             if with_greedy:
-                mode = (fz.greedy(),) if fz else self.policy.greedy(task.obs)
+                if task.guide is not None:  # _aim has just computed it
+                    mode = (task.guide_mode[None],)
+                else:
+                    mode = (fz.greedy(),) if fz else self.policy.greedy(task.obs)
                 parts.append(self.policy.assignment(task.atoms, mode))
                 compound.append(np.zeros(1, bool))
             # a zero-shot call (one evaluation left) scores the mode only: no samples drawn
