@@ -43,10 +43,11 @@ DEFAULT_BUDGET = Budget(seconds=120.0)
 #: plain gradient steps on the table large enough that a winning sample moves the mode, and
 #: samples aimed at the mode's critical path and towards each group's neighbours (rl.guide),
 #: which never stop leaving the mode (without the floor the table's steps drive the chance
-#: to leave towards 0 within ~20 s on nmt/k80x4 and the search stalls). ``compound=16``
-#: (half of each step's samples compound moves along the mode's critical path) is an
-#: option, not the default: it helps on three zoo instances of four, but then the best
-#: mostly comes from those moves rather than from the policy's own draws
+#: to leave towards 0 within ~20 s on nmt/k80x4 and the search stalls). ``compound=N``
+#: (N of each step's samples compound moves along the mode's critical path) is an option,
+#: not the default: 16 or 24 help inception_v3, gnmt4 and transformer but stall nmt, and
+#: the best then often comes from those moves rather than from the policy's own draws
+#: (benchmarks/README.md, "Compound moves: how many, when, ...")
 GDP_SEARCH_DEFAULTS = {"lr": 0.0, "baseline": "loo", "residual_optimizer": "sgd", "residual_lr": 20.0,
                        "samples": 32, "entropy": 0.0, "guide": 16.0, "min_moves": 1.0}
 #: the table's step size without a warm start: logits start near 0, where steps of 20
