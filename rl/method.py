@@ -46,8 +46,10 @@ DEFAULT_BUDGET = Budget(seconds=120.0)
 #: to leave towards 0 within ~20 s on nmt/k80x4 and the search stalls). ``compound=N``
 #: (N of each step's samples compound moves along the mode's critical path) is an option,
 #: not the default: 16 or 24 help inception_v3, gnmt4 and transformer but stall nmt, and
-#: the best then often comes from those moves rather than from the policy's own draws
-#: (benchmarks/README.md, "Compound moves: how many, when, ...")
+#: the best then often comes from those moves rather than from the policy's own draws;
+#: ``compound_from=0.5`` (only in the budget's second half) gives nmt its best but gnmt4
+#: loses what compound moves from the start win (benchmarks/README.md, "Compound moves: how
+#: many, when, ...", "Compound moves only late in the budget")
 GDP_SEARCH_DEFAULTS = {"lr": 0.0, "baseline": "loo", "residual_optimizer": "sgd", "residual_lr": 20.0,
                        "samples": 32, "entropy": 0.0, "guide": 16.0, "min_moves": 1.0}
 #: the table's step size without a warm start: logits start near 0, where steps of 20

@@ -56,6 +56,7 @@ class TrainConfig:
     compound: int = 0           # with guide: this many of the K samples per step are compound moves along the
     #                             mode's critical path (a run of groups to one device, a transfer pulled onto one
     #                             side, a swap; search.critical.CriticalMoves) instead of the policy's draws
+    compound_from: float = 0.0  # with compound: start them once this fraction of the budget is spent
     tasks_per_step: int | None = None  # multi-problem training: this many problems per step, in rotation
     checkpoint_every: int = 50  # steps between checkpoints (with a logdir)
 
@@ -78,6 +79,8 @@ class TrainConfig:
             raise UserError(f"rl: guide must be 0 (off) or >= 1, got {cfg.guide!r}")
         if cfg.compound < 0:
             raise UserError(f"rl: compound must be >= 0, got {cfg.compound!r}")
+        if not 0 <= cfg.compound_from <= 1:
+            raise UserError(f"rl: compound_from must be a fraction of the budget in [0, 1], got {cfg.compound_from!r}")
         if not cfg.min_moves >= 0:
             raise UserError(f"rl: min_moves must be >= 0, got {cfg.min_moves!r}")
         if not cfg.guide_affinity >= 0:
@@ -393,7 +396,8 @@ class Trainer:
             # a zero-shot call (one evaluation left) scores the mode only: no samples drawn
             if not (with_greedy and task.tracker is not None and task.tracker.remaining_evals() <= 1):
                 actions = (fz.sample(K, seed),) if fz else self.policy.sample(task.obs, K, seed)
-                compound.append(self._compound(task, actions[0]) if task.moves is not None else np.zeros(K, bool))
+                later = task.moves is None or self.fraction() < self.cfg.compound_from
+                compound.append(np.zeros(K, bool) if later else self._compound(task, actions[0]))
                 parts.append(self.policy.assignment(task.atoms, actions))
             A = np.concatenate(parts)
             n, step, ok = task.score(A, self.step_no, np.concatenate(compound))
