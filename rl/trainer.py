@@ -396,8 +396,8 @@ class Trainer:
             # a zero-shot call (one evaluation left) scores the mode only: no samples drawn
             if not (with_greedy and task.tracker is not None and task.tracker.remaining_evals() <= 1):
                 actions = (fz.sample(K, seed),) if fz else self.policy.sample(task.obs, K, seed)
-                later = task.moves is None or self.fraction() < self.cfg.compound_from
-                compound.append(np.zeros(K, bool) if later else self._compound(task, actions[0]))
+                none_now = task.moves is None or self.fraction() < self.cfg.compound_from
+                compound.append(np.zeros(K, bool) if none_now else self._compound(task, actions[0]))
                 parts.append(self.policy.assignment(task.atoms, actions))
             A = np.concatenate(parts)
             n, step, ok = task.score(A, self.step_no, np.concatenate(compound))
