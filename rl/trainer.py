@@ -56,7 +56,8 @@ class TrainConfig:
     compound: int = 0           # with guide: this many of the K samples per step are compound moves along the
     #                             mode's critical path (a run of groups to one device, a transfer pulled onto one
     #                             side, a swap; search.critical.CriticalMoves) instead of the policy's draws
-    compound_from: float = 0.0  # with compound: start them once this fraction of the budget is spent
+    compound_from: float = 0.0  # with compound: draw them only while the spent fraction of the budget is
+    compound_until: float = 1.0  # in [compound_from, compound_until)
     tasks_per_step: int | None = None  # multi-problem training: this many problems per step, in rotation
     checkpoint_every: int = 50  # steps between checkpoints (with a logdir)
 
@@ -81,6 +82,9 @@ class TrainConfig:
             raise UserError(f"rl: compound must be >= 0, got {cfg.compound!r}")
         if not 0 <= cfg.compound_from <= 1:
             raise UserError(f"rl: compound_from must be a fraction of the budget in [0, 1], got {cfg.compound_from!r}")
+        if not cfg.compound_from <= cfg.compound_until <= 1:
+            raise UserError(f"rl: compound_until must be a fraction of the budget in [compound_from, 1], "
+                            f"got {cfg.compound_until!r}")
         if not cfg.min_moves >= 0:
             raise UserError(f"rl: min_moves must be >= 0, got {cfg.min_moves!r}")
         if not cfg.guide_affinity >= 0:
@@ -396,7 +400,8 @@ class Trainer:
             # a zero-shot call (one evaluation left) scores the mode only: no samples drawn
             if not (with_greedy and task.tracker is not None and task.tracker.remaining_evals() <= 1):
                 actions = (fz.sample(K, seed),) if fz else self.policy.sample(task.obs, K, seed)
-                none_now = task.moves is None or self.fraction() < self.cfg.compound_from
+                f = self.fraction()
+                none_now = task.moves is None or not (self.cfg.compound_from <= f < self.cfg.compound_until)
                 compound.append(np.zeros(K, bool) if none_now else self._compound(task, actions[0]))
                 parts.append(self.policy.assignment(task.atoms, actions))
             A = np.concatenate(parts)

@@ -591,3 +591,9 @@ def test_rl_compound_samples_are_moves_along_the_modes_critical_path():
     assert run("rl", p, Budget(evals=400), seed=0, compound=16, compound_from=1.0).metadata["compound_samples"] == 0
     with pytest.raises(UserError, match="compound_from must be a fraction"):
         run("rl", p, Budget(evals=10), seed=0, compound=16, compound_from=1.5)
+    # compound_until: none in the second half
+    early = run("rl", p, Budget(evals=400), seed=0, compound=16, compound_until=0.5).metadata
+    assert 0 < early["compound_samples"] < r.metadata["compound_samples"]
+    assert early["compound_samples"] <= 16 * (200 // 33 + 1)
+    with pytest.raises(UserError, match="compound_until must be a fraction"):
+        run("rl", p, Budget(evals=10), seed=0, compound=16, compound_from=0.5, compound_until=0.4)
