@@ -400,8 +400,8 @@ class Trainer:
             # a zero-shot call (one evaluation left) scores the mode only: no samples drawn
             if not (with_greedy and task.tracker is not None and task.tracker.remaining_evals() <= 1):
                 actions = (fz.sample(K, seed),) if fz else self.policy.sample(task.obs, K, seed)
-                f = self.fraction()
-                none_now = task.moves is None or not (self.cfg.compound_from <= f < self.cfg.compound_until)
+                none_now = task.moves is None or not (self.cfg.compound_from <= self.fraction()
+                                                       < self.cfg.compound_until)
                 compound.append(np.zeros(K, bool) if none_now else self._compound(task, actions[0]))
                 parts.append(self.policy.assignment(task.atoms, actions))
             A = np.concatenate(parts)
