@@ -58,6 +58,9 @@ class TrainConfig:
     #                             side, a swap; search.critical.CriticalMoves) instead of the policy's draws
     compound_from: float = 0.0  # with compound: draw them only while the spent fraction of the budget is
     compound_until: float = 1.0  # in [compound_from, compound_until)
+    compound_slack: float | None = None  # with compound: a compound row teaches the table only if its step
+    #                             time is within this fraction above the best so far (0: only rows as good
+    #                             as the best; None: every row, as the policy's own draws)
     tasks_per_step: int | None = None  # multi-problem training: this many problems per step, in rotation
     checkpoint_every: int = 50  # steps between checkpoints (with a logdir)
 
@@ -85,6 +88,8 @@ class TrainConfig:
         if not cfg.compound_from <= cfg.compound_until <= 1:
             raise UserError(f"rl: compound_until must be a fraction of the budget in [compound_from, 1], "
                             f"got {cfg.compound_until!r}")
+        if cfg.compound_slack is not None and not cfg.compound_slack >= 0:
+            raise UserError(f"rl: compound_slack must be >= 0 (a fraction above the best), got {cfg.compound_slack!r}")
         if not cfg.min_moves >= 0:
             raise UserError(f"rl: min_moves must be >= 0, got {cfg.min_moves!r}")
         if not cfg.guide_affinity >= 0:
@@ -405,7 +410,9 @@ class Trainer:
                 compound.append(np.zeros(K, bool) if none_now else self._compound(task, actions[0]))
                 parts.append(self.policy.assignment(task.atoms, actions))
             A = np.concatenate(parts)
-            n, step, ok = task.score(A, self.step_no, np.concatenate(compound))
+            best_before = task.best
+            cflags = np.concatenate(compound)
+            n, step, ok = task.score(A, self.step_no, cflags)
             self.samples_seen += n
             if with_greedy:
                 greedy_step = float(step[0]) if ok[0] else np.inf
@@ -416,6 +423,12 @@ class Trainer:
                 continue
             acts = tuple(a[:n] for a in actions)
             adv = self.advantages(task, self.rewards(task, step[:n], ok[:n]))
+            if self.cfg.compound_slack is not None:
+                # a compound row far from the best only sharpens the table around the mode (at 24
+                # of 32 rows such rows stalled nmt); near the best, it lets the mode move uphill,
+                # as sa's accepted moves do (gnmt4 needs that)
+                far = ~(ok[:n] & (step[:n] <= best_before * (1 + self.cfg.compound_slack)))
+                adv = np.where(cflags[int(with_greedy):][:n] & far, np.float32(0), adv)
             if fz:
                 ent = fz.update(acts[0], adv, self.cfg.residual_lr, self.entropy_weight())
                 loss = float("nan")

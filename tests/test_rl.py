@@ -597,3 +597,34 @@ def test_rl_compound_samples_are_moves_along_the_modes_critical_path():
     assert early["compound_samples"] <= 16 * (200 // 33 + 1)
     with pytest.raises(UserError, match="compound_until must be a fraction"):
         run("rl", p, Budget(evals=10), seed=0, compound=16, compound_from=0.5, compound_until=0.4)
+
+
+@pytest.mark.timeout(60)
+def test_rl_compound_slack_leaves_rows_far_from_the_best_out_of_the_update():
+    """With ``compound_slack`` a compound row teaches the table (non-zero advantage) only
+    when its step time is within that fraction of the best so far; the policy's own draws
+    always do, and without a slack every compound row does."""
+    from placetool.rl import policies
+    from placetool.rl.trainer import Trainer, TrainConfig
+
+    p = Problem(CostModel(presets.load_graph("synthetic-40"), presets.load_cluster("k80x4")))
+    seen = {}
+    for slack in (None, 0.0, 1e9):
+        pol = policies.make("gdp", p.n_devices, seed=0, hidden=16)
+        cfg = TrainConfig(lr=0.0, guide=16.0, compound=8, samples=8, entropy=0.0, baseline="loo",
+                          residual_optimizer="sgd", residual_lr=1.0, compound_slack=slack)
+        tr = Trainer(pol, [p], cfg, seed=0)
+        task = tr.tasks[0]
+        task.best = 1.0  # a best (1 µs) that no placement comes within any sane slack of
+        # watch the real calls: which rows were compound moves, and the advantages applied
+        compound, update = tr._compound, task.frozen.update
+        tr._compound = lambda t, acts: seen.setdefault(slack, {}).setdefault("rows", compound(t, acts))
+        task.frozen.update = lambda acts, adv, *a: update(acts, seen[slack].setdefault("adv", np.array(adv)), *a)
+        tr.step()
+    rows, adv = seen[None]["rows"], seen[None]["adv"]
+    assert 0 < rows.sum() < len(rows) and np.all(adv != 0)
+    np.testing.assert_array_equal(seen[0.0]["rows"], rows)  # the same draws in every run
+    np.testing.assert_array_equal(seen[0.0]["adv"], np.where(rows, 0.0, adv))  # none within 0% of the best
+    np.testing.assert_array_equal(seen[1e9]["adv"], adv)  # all within the slack: as without it
+    with pytest.raises(UserError, match="compound_slack must be >= 0"):
+        run("rl", p, Budget(evals=10), seed=0, compound=8, compound_slack=-0.1)
