@@ -47,9 +47,50 @@ class Terminated(SystemExit):
         super().__init__(EXIT_TERMINATED)
 
 
+#: code a signal's exception must not be raised in: LLVM calls back into llvmlite through
+#: ctypes while numba compiles (or loads its cache), and an exception raised in a ctypes
+#: callback is printed and dropped, so the signal was lost and a search ran on to the end
+#: of its budget. (Raised anywhere else in numba's compiler, it unwinds as it should.)
+_DEFER_IN = (f"{os.sep}llvmlite{os.sep}",)
+#: while a signal waits: (its exception class, the SIGALRM handler to put back)
+_pending = None
+
+
+def _in_compiler(frame) -> bool:
+    while frame is not None:
+        if any(part in frame.f_code.co_filename for part in _DEFER_IN):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _raise_when_safe(exc_type, frame) -> None:
+    """Raise ``exc_type`` now, or, inside the compiler, once it has returned (checked
+    every 50 ms on SIGALRM)."""
+    global _pending
+    if _in_compiler(frame):
+        if _pending is None:
+            _pending = (exc_type, signal.signal(signal.SIGALRM, _retry))
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        return
+    if _pending is not None:
+        signal.signal(signal.SIGALRM, _pending[1])
+        _pending = None
+    raise exc_type()
+
+
+def _retry(signum, frame):
+    if _pending is not None:
+        _raise_when_safe(_pending[0], frame)
+
+
 def _on_sigterm(signum, frame):
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
-    raise Terminated()
+    _raise_when_safe(Terminated, frame)
+
+
+def _on_sigint(signum, frame):
+    _raise_when_safe(KeyboardInterrupt, frame)
 
 
 class LazyGroup(click.Group):
@@ -99,6 +140,11 @@ def main(argv=None) -> None:
         prev_term = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:  # not the main thread (embedded use): leave signals alone
         prev_term = None
+    # Ctrl-C as Python's own handler would, but not inside the compiler; an ignored SIGINT
+    # (a shell's background job) stays ignored
+    prev_int = signal.getsignal(signal.SIGINT) if prev_term is not None else None
+    if prev_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
     try:
         rv = cli.main(args=args, prog_name="placetool", standalone_mode=False)
     except click.exceptions.Abort:
@@ -120,6 +166,8 @@ def main(argv=None) -> None:
     finally:
         if prev_term is not None:
             signal.signal(signal.SIGTERM, prev_term)
+        if prev_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, prev_int)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

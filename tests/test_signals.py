@@ -136,3 +136,28 @@ def test_interrupted_search_keeps_the_best_so_far(tmp_path, sig, code):
     doc = json.loads((tmp_path / "best.json").read_text())
     assert len(doc["devices"]) == 300 and doc["step_time_us"] > 0
     assert wait_for(lambda: not session_pids(p.pid), 5)
+
+
+def test_a_signal_inside_the_compiler_is_raised_once_it_returns():
+    """SIGTERM landing while LLVM calls back into llvmlite through ctypes (numba compiling
+    or loading its cache) is not lost: ctypes would print and drop an exception raised in
+    the callback, so it is raised once the callback has returned."""
+    import ctypes
+
+    from placetool.cli import main as cli_main
+
+    # a real ctypes callback whose code counts as llvmlite's, as LLVM's object-cache one does
+    src = "def callback():\n    import os, signal, time\n    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(0.2)\n"
+    ns = {}
+    exec(compile(src, os.path.join(os.sep, "site-packages", "llvmlite", "binding", "callback.py"), "exec"), ns)
+    callback = ctypes.CFUNCTYPE(None)(ns["callback"])
+    prev_term, prev_alrm = signal.signal(signal.SIGTERM, cli_main._on_sigterm), signal.getsignal(signal.SIGALRM)
+    try:
+        with pytest.raises(cli_main.Terminated):
+            callback()  # the signal arrives inside; the callback returns normally ...
+            time.sleep(1.0)  # ... and the exception comes here, within 50 ms
+        assert cli_main._pending is None and signal.getsignal(signal.SIGALRM) is prev_alrm
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, prev_alrm)
+        signal.signal(signal.SIGTERM, prev_term)
