@@ -56,7 +56,7 @@ _DEFER_IN = (f"{os.sep}llvmlite{os.sep}",)
 _pending = None
 
 
-def _in_compiler(frame) -> bool:
+def _in_llvmlite(frame) -> bool:
     while frame is not None:
         if any(part in frame.f_code.co_filename for part in _DEFER_IN):
             return True
@@ -65,18 +65,24 @@ def _in_compiler(frame) -> bool:
 
 
 def _raise_when_safe(exc_type, frame) -> None:
-    """Raise ``exc_type`` now, or, inside the compiler, once it has returned (checked
-    every 50 ms on SIGALRM)."""
+    """Raise ``exc_type`` now, or, inside a call into llvmlite, once that has returned
+    (checked every 50 ms on SIGALRM)."""
     global _pending
-    if _in_compiler(frame):
+    if _in_llvmlite(frame):
         if _pending is None:
             _pending = (exc_type, signal.signal(signal.SIGALRM, _retry))
         signal.setitimer(signal.ITIMER_REAL, 0.05)
         return
+    _cancel_pending()
+    raise exc_type()
+
+
+def _cancel_pending() -> None:
+    global _pending
     if _pending is not None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, _pending[1])
         _pending = None
-    raise exc_type()
 
 
 def _retry(signum, frame):
@@ -140,7 +146,7 @@ def main(argv=None) -> None:
         prev_term = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:  # not the main thread (embedded use): leave signals alone
         prev_term = None
-    # Ctrl-C as Python's own handler would, but not inside the compiler; an ignored SIGINT
+    # Ctrl-C as Python's own handler would, but not inside llvmlite; an ignored SIGINT
     # (a shell's background job) stays ignored
     prev_int = signal.getsignal(signal.SIGINT) if prev_term is not None else None
     if prev_int is signal.default_int_handler:
@@ -168,6 +174,7 @@ def main(argv=None) -> None:
             signal.signal(signal.SIGTERM, prev_term)
         if prev_int is signal.default_int_handler:
             signal.signal(signal.SIGINT, prev_int)
+        _cancel_pending()  # a signal still waiting when the command ended has nothing left to stop
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
