@@ -47,16 +47,21 @@ class Terminated(SystemExit):
         super().__init__(EXIT_TERMINATED)
 
 
-#: code a signal's exception must not be raised in: LLVM calls back into llvmlite through
+#: code a signal's exception must not be raised in. LLVM calls back into llvmlite through
 #: ctypes while numba compiles (or loads its cache), and an exception raised in a ctypes
-#: callback is printed and dropped, so the signal was lost and a search ran on to the end
-#: of its budget. (Raised anywhere else in numba's compiler, it unwinds as it should.)
-_DEFER_IN = (f"{os.sep}llvmlite{os.sep}",)
+#: callback is printed and dropped: the signal was lost and a search ran on to the end of
+#: its budget. Raised just after such a call, in numba's code generation, it can leave a
+#: half-built library behind, and the process crashed on the way out (SIGSEGV, once in a
+#: test run). So a signal waits while llvmlite, numba's compiler or its cache is on the
+#: stack (not merely numba's typing of call arguments, which every compiled call runs).
+_DEFER_IN = tuple(os.path.join(*parts) for parts in [
+    (os.sep, "llvmlite", ""), ("numba", "core", "compiler.py"), ("numba", "core", "codegen.py"),
+    ("numba", "core", "caching.py")])
 #: while a signal waits: (its exception class, the SIGALRM handler to put back)
 _pending = None
 
 
-def _in_llvmlite(frame) -> bool:
+def _in_compiler(frame) -> bool:
     while frame is not None:
         if any(part in frame.f_code.co_filename for part in _DEFER_IN):
             return True
@@ -65,10 +70,10 @@ def _in_llvmlite(frame) -> bool:
 
 
 def _raise_when_safe(exc_type, frame) -> None:
-    """Raise ``exc_type`` now, or, inside a call into llvmlite, once that has returned
-    (checked every 50 ms on SIGALRM)."""
+    """Raise ``exc_type`` now, or, inside the compiler, once it has returned (checked
+    every 50 ms on SIGALRM)."""
     global _pending
-    if _in_llvmlite(frame):
+    if _in_compiler(frame):
         if _pending is None:
             _pending = (exc_type, signal.signal(signal.SIGALRM, _retry))
         signal.setitimer(signal.ITIMER_REAL, 0.05)
@@ -146,7 +151,7 @@ def main(argv=None) -> None:
         prev_term = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:  # not the main thread (embedded use): leave signals alone
         prev_term = None
-    # Ctrl-C as Python's own handler would, but not inside llvmlite; an ignored SIGINT
+    # Ctrl-C as Python's own handler would, but not inside the compiler; an ignored SIGINT
     # (a shell's background job) stays ignored
     prev_int = signal.getsignal(signal.SIGINT) if prev_term is not None else None
     if prev_int is signal.default_int_handler:

@@ -23,7 +23,9 @@ budget_seconds = 60
 # KeyboardInterrupt. A shell starts background jobs with SIGINT ignored, and Python keeps
 # an inherited SIG_IGN, so when this suite itself runs as such a job (`make test &`) a
 # child started plainly would never see the Ctrl-C the test sends.
-FOREGROUND = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+# (faulthandler: should the process crash, its stack lands in the failure message)
+FOREGROUND = ("import faulthandler, signal, sys; faulthandler.enable(); "
+              "signal.signal(signal.SIGINT, signal.default_int_handler); "
               "sys.argv[0] = 'placetool'; from placetool.cli.main import main; main()")
 
 
