@@ -418,7 +418,7 @@ class Trainer:
                 greedy_step = float(step[0]) if ok[0] else np.inf
                 if self.step_no == 0 and task.mode_start_us is None:
                     task.mode_start_us = float(step[0])
-                n, step, ok = n - 1, step[1:], ok[1:]
+                n, step, ok, cflags = n - 1, step[1:], ok[1:], cflags[1:]
             if n <= 0:
                 continue
             acts = tuple(a[:n] for a in actions)
@@ -428,7 +428,7 @@ class Trainer:
                 # of 32 rows such rows stalled nmt); near the best, it lets the mode move uphill,
                 # as sa's accepted moves do (gnmt4 needs that)
                 far = ~(ok[:n] & (step[:n] <= best_before * (1 + self.cfg.compound_slack)))
-                adv = np.where(cflags[int(with_greedy):][:n] & far, np.float32(0), adv)
+                adv = np.where(cflags[:n] & far, np.float32(0), adv)
             if fz:
                 ent = fz.update(acts[0], adv, self.cfg.residual_lr, self.entropy_weight())
                 loss = float("nan")
