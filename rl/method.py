@@ -43,18 +43,19 @@ DEFAULT_BUDGET = Budget(seconds=120.0)
 #: plain gradient steps on the table large enough that a winning sample moves the mode, and
 #: samples aimed at the mode's critical path and towards each group's neighbours (rl.guide),
 #: which never stop leaving the mode (without the floor the table's steps drive the chance
-#: to leave towards 0 within ~20 s on nmt/k80x4 and the search stalls). ``compound=N``
-#: (N of each step's samples compound moves along the mode's critical path) is an option,
-#: not the default: 16 or 24 help inception_v3, gnmt4 and transformer but stall nmt, and
-#: the best then often comes from those moves rather than from the policy's own draws;
-#: ``compound_from=0.5`` (only in the budget's second half) gives nmt its best but gnmt4
-#: loses what compound moves from the start win; ``compound_until=0.5`` is the reverse.
-#: ``compound_slack=0.1`` (a compound row teaches the table only within 10% of the best)
-#: wins on both nmt and gnmt4, but there the best then comes from compound moves, not the
-#: policy's draws (benchmarks/README.md, "Compound moves: how many, when, ...", "Compound
-#: moves only late in the budget", "Compound moves that teach only near the best")
+#: to leave towards 0 within ~20 s on nmt/k80x4 and the search stalls). 24 of each step's
+#: 32 samples are compound moves along the mode's critical path in the budget's first half
+#: (``compound=24, compound_until=0.5``): they lead the mode into a better basin (gnmt4,
+#: transformer, inception_v3), and the policy's own draws then polish it, so the best is
+#: usually one the policy sampled. A compound row teaches the table only within 10% of the
+#: best (``compound_slack=0.1``): rows that merely beat their batch would sharpen the table
+#: around the mode and stall nmt. Compound moves throughout, from the middle on, or teaching
+#: from every row each lose on nmt or gnmt4 (benchmarks/README.md, "Compound moves: how
+#: many, when, ...", "... only late in the budget", "... that teach only near the best",
+#: "Compound moves early, teaching near the best: the default")
 GDP_SEARCH_DEFAULTS = {"lr": 0.0, "baseline": "loo", "residual_optimizer": "sgd", "residual_lr": 20.0,
-                       "samples": 32, "entropy": 0.0, "guide": 16.0, "min_moves": 1.0}
+                       "samples": 32, "entropy": 0.0, "guide": 16.0, "min_moves": 1.0,
+                       "compound": 24, "compound_until": 0.5, "compound_slack": 0.1}
 #: the table's step size without a warm start: logits start near 0, where steps of 20
 #: collapse the policy onto its first lucky sample (measured on the tests' tiny problem)
 COLD_RESIDUAL_LR = 2.0

@@ -572,7 +572,7 @@ def test_rl_compound_samples_are_moves_along_the_modes_critical_path():
     task.score(A, step_no=3, compound=np.array([False, True]))
     assert task.best_origin == ("compound" if steps[1] < steps[0] else "policy") and task.best_step == 3
 
-    r = run("rl", p, Budget(evals=400), seed=0, compound=16)
+    r = run("rl", p, Budget(evals=400), seed=0, compound=16, compound_until=1.0)
     assert sum(r.metadata["improvements"].values()) >= 1
     # at most 16 per step (fewer where the mode's critical path offers no such move)
     assert r.metadata["improvements"]["compound"] <= r.metadata["compound_samples"] <= 16 * r.metadata["steps"]
@@ -585,10 +585,11 @@ def test_rl_compound_samples_are_moves_along_the_modes_critical_path():
 
     # compound_from: none in the first half of the budget (a step scores at most 32 + 1, and
     # the warm starts take a few evaluations, far fewer than a step)
-    late = run("rl", p, Budget(evals=400), seed=0, compound=16, compound_from=0.5).metadata
+    late = run("rl", p, Budget(evals=400), seed=0, compound=16, compound_from=0.5, compound_until=1.0).metadata
     assert 0 < late["compound_samples"] <= 16 * (late["steps"] - 200 // 33)
     assert late["compound_samples"] < r.metadata["compound_samples"]
-    assert run("rl", p, Budget(evals=400), seed=0, compound=16, compound_from=1.0).metadata["compound_samples"] == 0
+    assert run("rl", p, Budget(evals=400), seed=0, compound=16, compound_from=1.0,
+               compound_until=1.0).metadata["compound_samples"] == 0
     with pytest.raises(UserError, match="compound_from must be a fraction"):
         run("rl", p, Budget(evals=10), seed=0, compound=16, compound_from=1.5)
     # compound_until: none in the second half
@@ -597,6 +598,10 @@ def test_rl_compound_samples_are_moves_along_the_modes_critical_path():
     assert early["compound_samples"] <= 16 * (200 // 33 + 1)
     with pytest.raises(UserError, match="compound_until must be a fraction"):
         run("rl", p, Budget(evals=10), seed=0, compound=16, compound_from=0.5, compound_until=0.4)
+    # the default (gdp): 24 of 32 in the first half only
+    default = run("rl", p, Budget(evals=400), seed=0).metadata
+    assert 0 < default["compound_samples"] <= 24 * (200 // 33 + 1)
+    assert default["compound_samples"] > early["compound_samples"]
 
 
 @pytest.mark.timeout(60)
