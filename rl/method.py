@@ -110,7 +110,11 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
         raise SearchError(f"rl: explore must be positive, got {explore!r}")
     folder = resolve_policy_folder(init_from) if init_from is not None else None
     kind = policy or (policies.saved_kind(folder) if folder is not None else DEFAULT_POLICY)
-    cfg = TrainConfig.from_options({**(GDP_SEARCH_DEFAULTS if kind == "gdp" else {}), **options})
+    defaults = dict(GDP_SEARCH_DEFAULTS) if kind == "gdp" else {}
+    if "compound_from" in options:
+        # a window the user opens runs to the end unless they close it too
+        defaults.pop("compound_until", None)
+    cfg = TrainConfig.from_options({**defaults, **options})
     tf()  # user mistakes above are reported before TensorFlow loads
     set_seed(seed)
     residual = None
