@@ -71,18 +71,20 @@ def _device_tasks(trace, graph):
     return out
 
 
-def memory_timeline(trace, graph, n_devices: int):
-    """Per device, (times µs, bytes in use after all events at that time) — a step function.
+def lifetimes(trace, graph, n_devices: int):
+    """When each op's outputs and each received copy are freed (µs), by the simulator's
+    rules: (per op, per transfer of the trace).
 
-    Starts at each device's parameter bytes at time 0.
+    An op's outputs live from its start until its last local consumer ends and every
+    transfer of them is done (its end if nothing needs them); a received copy from the
+    start of its transfer until its last consumer there ends.
     """
     p = np.asarray(trace.placement, np.int64)
-    start, end = np.asarray(trace.op_start), np.asarray(trace.op_end)
+    end = np.asarray(trace.op_end)
     src_t = np.asarray(graph.edge_tensor)
     data = src_t >= 0
     e_dst, e_t = graph.edge_dst[data].astype(np.int64), src_t[data]
     prod = graph.tensor_op[e_t].astype(np.int64)
-    # an op's outputs live until its last local consumer ends and every transfer of them is done
     free_out = end.copy()
     local = p[prod] == p[e_dst]
     np.maximum.at(free_out, prod[local], end[e_dst[local]])
@@ -90,7 +92,6 @@ def memory_timeline(trace, graph, n_devices: int):
     xd = np.asarray(trace.x_dst, np.int64)
     if len(xt):
         np.maximum.at(free_out, graph.tensor_op[xt].astype(np.int64), np.asarray(trace.x_end))
-    # a received copy lives from its transfer's start until its last consumer there ends
     D = max(n_devices, 1)
     free_copy = np.asarray(trace.x_start, dtype=np.float64).copy()
     if len(xt):
@@ -101,27 +102,68 @@ def memory_timeline(trace, graph, n_devices: int):
         pos = np.minimum(pos, len(order) - 1)
         hit = keys[order][pos] == rk
         np.maximum.at(free_copy, order[pos[hit]], end[e_dst[~local][hit]])
-    times = [start, free_out]
+    return free_out, free_copy
+
+
+def _memory_events(trace, graph, n_devices: int, free_out, free_copy):
+    """(times, devices, byte deltas) of every allocation and free."""
+    p = np.asarray(trace.placement, np.int64)
+    xt = np.asarray(trace.x_tensor, np.int64)
+    times = [np.asarray(trace.op_start), free_out]
     devs = [p, p]
     deltas = [graph.out_bytes.astype(np.float64), -graph.out_bytes.astype(np.float64)]
     if len(xt):
         xb = graph.tensor_bytes[xt].astype(np.float64)
         times += [np.asarray(trace.x_start), free_copy]
-        devs += [xd, xd]
+        devs += [np.asarray(trace.x_dst, np.int64)] * 2
         deltas += [xb, -xb]
-    t_all, d_all, v_all = np.concatenate(times), np.concatenate(devs), np.concatenate(deltas)
+    return np.concatenate(times), np.concatenate(devs), np.concatenate(deltas)
+
+
+def _steps(t, v, base):
+    """A step function from events: frees before allocations at one instant, as in the
+    simulator (events, then dispatch); (times, level after each time)."""
+    order = np.lexsort((v > 0, t))
+    t, v = t[order], v[order]
+    level = base + np.cumsum(v)
+    last = np.r_[t[1:] != t[:-1], True] if len(t) else np.zeros(0, bool)
+    return np.r_[0.0, t[last]], np.r_[base, level[last]].astype(np.int64)
+
+
+def memory_timeline(trace, graph, n_devices: int):
+    """Per device, (times µs, bytes in use after all events at that time) — a step function.
+
+    Starts at each device's parameter bytes at time 0.
+    """
+    free_out, free_copy = lifetimes(trace, graph, n_devices)
+    t_all, d_all, v_all = _memory_events(trace, graph, n_devices, free_out, free_copy)
+    p = np.asarray(trace.placement, np.int64)
     params = np.bincount(p, weights=graph.param_bytes.astype(np.float64), minlength=n_devices)
-    out = []
-    for d in range(n_devices):
-        m = d_all == d
-        t, v = t_all[m], v_all[m]
-        # frees before allocations at one instant, as in the simulator (events, then dispatch)
-        order = np.lexsort((v > 0, t))
-        t, v = t[order], v[order]
-        level = params[d] + np.cumsum(v)
-        last = np.r_[t[1:] != t[:-1], True] if len(t) else np.zeros(0, bool)
-        out.append((np.r_[0.0, t[last]], np.r_[params[d], level[last]].astype(np.int64)))
-    return out
+    return [_steps(t_all[d_all == d], v_all[d_all == d], params[d]) for d in range(n_devices)]
+
+
+def peak_residents(trace, graph, n_devices: int, device: int):
+    """What device ``device`` holds at its memory peak: (time µs, ops whose outputs are
+    live there, transfers whose copies are live there), by :func:`lifetimes`.
+
+    >>> from placetool.costmodel import CostModel, presets
+    >>> cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x2"))
+    >>> r = cm.simulate(cm.single_device(1), trace=True)
+    >>> t, ops, copies = peak_residents(r.trace, cm.graph, 3, 1)
+    >>> int(cm.graph.out_bytes[ops].sum() + cm.graph.param_bytes.sum()) == int(r.peak_memory_bytes[1])
+    True
+    """
+    free_out, free_copy = lifetimes(trace, graph, n_devices)
+    t_all, d_all, v_all = _memory_events(trace, graph, n_devices, free_out, free_copy)
+    m = d_all == device
+    ts, level = _steps(t_all[m], v_all[m], 0.0)
+    t_peak = float(ts[int(np.argmax(level))])
+    p = np.asarray(trace.placement, np.int64)
+    start = np.asarray(trace.op_start)
+    ops = np.flatnonzero((p == device) & (start <= t_peak) & (free_out > t_peak))
+    xs = np.asarray(trace.x_start)
+    copies = np.flatnonzero((np.asarray(trace.x_dst) == device) & (xs <= t_peak) & (free_copy > t_peak))
+    return t_peak, ops, copies
 
 
 # ------------------------------------------------------------------ Chrome trace

@@ -10,7 +10,7 @@ import pytest
 
 from placetool.costmodel import CostModel, OpGraph, presets
 from placetool.costmodel.errors import UserError
-from placetool.costmodel.trace import chrome_trace, figure_format, memory_timeline
+from placetool.costmodel.trace import chrome_trace, figure_format, memory_timeline, peak_residents
 
 from .helpers import cluster, nxgraph
 
@@ -35,6 +35,17 @@ def test_memory_timeline_by_hand():
     assert t0.tolist() == [0.0, 0.0, 2.0, 6.0, 13.0] and m0.tolist() == [5, 105, 125, 105, 5]
     assert t1.tolist() == [0.0, 2.0, 13.0, 16.0] and m1.tolist() == [0, 100, 110, 0]
     assert [m0.max(), m1.max()] == r.peak_memory_bytes.tolist()
+
+
+def test_peak_residents_by_hand():
+    # d0 peaks at 2 (a's output and c's); d1 at 13 (the received copy of a's output and b's)
+    cm, r = _fork()
+    a, b, c = (cm.graph.index[v] for v in "abc")
+    t, ops, copies = peak_residents(r.trace, cm.graph, 2, 0)
+    assert t == 2.0 and sorted(ops.tolist()) == sorted([a, c]) and copies.tolist() == []
+    t, ops, copies = peak_residents(r.trace, cm.graph, 2, 1)
+    assert t == 13.0 and ops.tolist() == [b] and copies.tolist() == [0]
+    assert cm.graph.tensor_op[r.trace.x_tensor[0]] == a  # the copy is of a's output
 
 
 @pytest.mark.parametrize("graph,placement", [("nmt", "round-robin"), ("synthetic-1k", "random:2"),
