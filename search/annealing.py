@@ -19,9 +19,11 @@ with probability ``exp(-x / T)``) and adapts to keep the uphill acceptance rate 
 that falls from ``accept_start`` to ``accept_end`` over the budget. Runs start from the
 best placement of the seeding methods (every baseline and list scheduler registered with
 a seed position) and restart, re-heated, from the best placement seen or the next seed
-when a run stops improving. Out-of-memory placements score ``step * (1.5 + overflow
-fraction)``, so they can be crossed but are never preferred; the tracker reports the
-best feasible one.
+when a run stops improving. Out-of-memory placements score ``max(step, best feasible
+seed's step) * (1.5 + overflow fraction)``, so they can be crossed but are never
+preferred to a feasible one; the tracker reports the best feasible one. Seeds that are
+out of memory but faster than every feasible one are first fitted into memory
+(:func:`placetool.search.memory.fit_memory`) and join the seeds as ``NAME (fitted)``.
 """
 
 from __future__ import annotations
@@ -32,13 +34,17 @@ import numpy as np
 
 from .base import BudgetExhausted, SearchError, get, register, seed_methods
 from .critical import CriticalMoves, CriticalPath
+from .memory import fit_memory
 
-def objective(step, feasible, peak, capacity) -> np.ndarray:
-    """What annealing minimises: the step time, or a penalised one over memory."""
+
+def objective(step, feasible, peak, capacity, feasible_ref: float = 0.0) -> np.ndarray:
+    """What annealing minimises: the step time, or over memory a penalised one that is
+    at least 1.5x ``feasible_ref`` (the step time of a feasible placement, if one is
+    known), so an infeasible placement never scores better than that one."""
     step = np.asarray(step, float)
     peak = np.atleast_2d(peak)
     over = np.clip((peak - capacity[None, :]) / capacity[None, :], 0, None).max(axis=1)
-    return np.where(feasible, step, step * (1.5 + over))
+    return np.where(feasible, step, np.maximum(step, feasible_ref) * (1.5 + over))
 
 
 def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
@@ -47,11 +53,14 @@ def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
     assignment)] best first, skipped names). Methods that are not registered, or fail,
     are skipped. They share ``share`` of a time budget (60 s under an evaluation budget):
     none starts after it is spent and iterative ones stop, but a one-shot method that
-    finishes late still has its answer scored and kept."""
+    finishes late still has its answer scored and kept. Seeds out of memory but faster
+    than every feasible one are fitted into memory (:func:`fit_memory`) within the same
+    share and join as ``NAME (fitted)``; objectives are scored against the best feasible
+    seed (:func:`objective`)."""
     cap = problem.cost_model.capacity
     names = seed_methods() if names is None else tuple(names)
     limit = budget.seconds * share if budget.seconds else 60.0
-    out, skipped = [], []
+    found, skipped = [], []  # (name, assignment, step, feasible, peak)
     with tracker.sub_budget(limit) as rows:
         for name in names:
             if tracker.done():
@@ -69,15 +78,28 @@ def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
             except Exception as e:  # a broken seeding method must not sink the search
                 skipped.append(f"{name} ({type(e).__name__})")
             for r in rows[n0:]:
-                obj = objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap)
                 for i in range(len(r.assignments)):
-                    if np.isfinite(obj[i]):
-                        out.append((float(obj[i]), name, np.array(r.assignments[i], np.int32)))
-    if not out and not tracker.done():
+                    if np.isfinite(r.step_time_us[i]):
+                        found.append((name, np.array(r.assignments[i], np.int32), float(r.step_time_us[i]),
+                                      bool(r.feasible[i]), r.peak_memory_bytes[i]))
+        ref = min((x[2] for x in found if x[3]), default=np.inf)
+        for name, a, step, ok, _ in sorted(found, key=lambda x: x[2]):
+            if ok or not step < ref or tracker.done():
+                continue
+            b, r = fit_memory(problem, a, tracker)
+            if r is not None and len(r.feasible) and r.feasible[0]:
+                found.append((f"{name} (fitted)", b, float(r.step_time_us[0]), True, r.peak_memory_bytes[0]))
+    if not found and not tracker.done():
         # nothing registered ran: fall back to every group on its first allowed GPU/device
         a = np.argmax(problem.allowed, axis=1).astype(np.int32)
         r = tracker.evaluate(a)
-        out.append((float(objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap)[0]), "first-device", a))
+        found.append(("first-device", a, float(r.step_time_us[0]), bool(r.feasible[0]), r.peak_memory_bytes[0]))
+    ref = min((x[2] for x in found if x[3]), default=0.0)
+    out = []
+    for name, a, step, ok, peak in found:
+        o = float(objective([step], [ok], peak[None, :], cap, ref)[0])
+        if np.isfinite(o):
+            out.append((o, name, a))
     out.sort(key=lambda x: x[0])
     return out, skipped
 
@@ -142,6 +164,8 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
     inc = None
     cur_obj, _, cur = seeds_[0]
     cur = cur.copy()
+    # infeasible placements score at least 1.5x the best feasible seed (see objective)
+    ref = tracker.best_step_us if tracker.best_feasible else 0.0
     if mode == "incremental":
         from placetool.costmodel.incremental import IncrementalSimulator
 
@@ -155,7 +179,7 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
                 r = tracker.evaluate(np.stack(cands))
             except BudgetExhausted:
                 return np.zeros(0)
-            return objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap)
+            return objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap, ref)
         out = []
         for a, g in zip(cands, moved):
             if tracker.done():
@@ -164,7 +188,7 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
             tracker.record(a[None, :], np.array([r.step_time_us]), np.array([r.feasible]),
                            r.peak_memory_bytes[None, :])
             out.append(r.step_time_us if r.feasible else
-                       objective([r.step_time_us], [r.feasible], r.peak_memory_bytes[None, :], cap)[0])
+                       objective([r.step_time_us], [r.feasible], r.peak_memory_bytes[None, :], cap, ref)[0])
         return np.array(out)
 
     def restart_from(a):
@@ -174,13 +198,13 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
             b = inc.base
             tracker.record(a[None, :], np.array([b.step_time_us]), np.array([b.feasible]),
                            b.peak_memory_bytes[None, :])
-            o = float(objective([b.step_time_us], [b.feasible], b.peak_memory_bytes[None, :], cap)[0])
+            o = float(objective([b.step_time_us], [b.feasible], b.peak_memory_bytes[None, :], cap, ref)[0])
         else:
             try:
                 r = tracker.evaluate(a)
             except BudgetExhausted:
                 return np.inf
-            o = float(objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap)[0])
+            o = float(objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap, ref)[0])
         if guide is not None:
             cp = CriticalPath(cm, a)
         return o
