@@ -13,8 +13,8 @@ device over capacity it traces the run, takes what is live at the device's peak
 largest first, and moves the groups that keep each one there (the producer and its
 consumers on that device) to the device that runs them fastest among those with room
 for it, until the excess (plus ``margin``) is covered; then it simulates again, up to
-``rounds`` times. Moving a tensor's consumers along with its producer is what frees the bytes: moved
-alone, the producer would leave a received copy in its place.
+``rounds`` times. Moving a tensor's consumers along with its producer is what frees the
+bytes: moved alone, the producer would leave a received copy in its place.
 """
 
 from __future__ import annotations
@@ -24,15 +24,6 @@ import numpy as np
 from placetool.costmodel.trace import peak_residents
 
 from .base import BudgetExhausted
-
-
-def _consumers(graph):
-    """CSR of data consumers per tensor: (ptr, ops)."""
-    et = np.asarray(graph.edge_tensor)
-    data = et >= 0
-    t, c = et[data].astype(np.int64), graph.edge_dst[data].astype(np.int64)
-    o = np.argsort(t, kind="stable")
-    return np.searchsorted(t[o], np.arange(graph.n_tensors + 1)), c[o]
 
 
 def fit_memory(problem, assignment, tracker, rounds: int = 8, margin: float = 0.05):
@@ -57,8 +48,7 @@ def fit_memory(problem, assignment, tracker, rounds: int = 8, margin: float = 0.
     cm, g = problem.cost_model, problem.graph
     D = problem.n_devices
     cap = cm.capacity.astype(np.float64)
-    ptr, cons = _consumers(g)
-    op_t_ptr = g.csr.op_tensor_ptr
+    ptr, cons, op_t_ptr = g.csr.tensor_ptr, g.csr.tensor_cons, g.csr.op_tensor_ptr
     a = np.array(assignment, np.int32)
     r = None
     rounds = max(int(rounds), 0)
