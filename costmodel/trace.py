@@ -142,28 +142,29 @@ def memory_timeline(trace, graph, n_devices: int):
     return [_steps(t_all[d_all == d], v_all[d_all == d], params[d]) for d in range(n_devices)]
 
 
-def peak_residents(trace, graph, n_devices: int, device: int):
-    """What device ``device`` holds at its memory peak: (time µs, ops whose outputs are
-    live there, transfers whose copies are live there), by :func:`lifetimes`.
+def peak_residents(trace, graph, n_devices: int):
+    """Per device, what it holds at its memory peak: (time µs, ops whose outputs are live
+    there, transfers whose copies are live there), by :func:`lifetimes`.
 
     >>> from placetool.costmodel import CostModel, presets
     >>> cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x2"))
     >>> r = cm.simulate(cm.single_device(1), trace=True)
-    >>> t, ops, copies = peak_residents(r.trace, cm.graph, 3, 1)
+    >>> t, ops, copies = peak_residents(r.trace, cm.graph, 3)[1]
     >>> int(cm.graph.out_bytes[ops].sum() + cm.graph.param_bytes.sum()) == int(r.peak_memory_bytes[1])
     True
     """
     free_out, free_copy = lifetimes(trace, graph, n_devices)
     t_all, d_all, v_all = _memory_events(trace, graph, n_devices, free_out, free_copy)
-    m = d_all == device
-    ts, level = _steps(t_all[m], v_all[m], 0.0)
-    t_peak = float(ts[int(np.argmax(level))])
     p = np.asarray(trace.placement, np.int64)
-    start = np.asarray(trace.op_start)
-    ops = np.flatnonzero((p == device) & (start <= t_peak) & (free_out > t_peak))
-    xs = np.asarray(trace.x_start)
-    copies = np.flatnonzero((np.asarray(trace.x_dst) == device) & (xs <= t_peak) & (free_copy > t_peak))
-    return t_peak, ops, copies
+    start, xs, xd = np.asarray(trace.op_start), np.asarray(trace.x_start), np.asarray(trace.x_dst)
+    out = []
+    for d in range(n_devices):
+        m = d_all == d
+        ts, level = _steps(t_all[m], v_all[m], 0.0)
+        t = float(ts[int(np.argmax(level))])
+        out.append((t, np.flatnonzero((p == d) & (start <= t) & (free_out > t)),
+                    np.flatnonzero((xd == d) & (xs <= t) & (free_copy > t))))
+    return out
 
 
 # ------------------------------------------------------------------ Chrome trace

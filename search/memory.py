@@ -23,15 +23,14 @@ import numpy as np
 
 from placetool.costmodel.trace import peak_residents
 
-from .base import BudgetExhausted
+from .base import EvalResult
 
 
 def fit_memory(problem, assignment, tracker, rounds: int = 8, margin: float = 0.05):
     """Move groups off devices over capacity until ``assignment`` fits (see the module
-    docstring); every round is scored through ``tracker`` (the traced run that finds
-    what a device holds at its peak is not counted). Returns (assignment, its
-    :class:`EvalResult`): the first that fits, else the last one scored (None if the
-    budget ended before any was).
+    docstring); every round's traced run is counted by ``tracker``. Returns (assignment,
+    its :class:`EvalResult`): the first that fits, else the last one scored (``assignment``
+    and None if the budget ended before any was).
 
     >>> import numpy as np
     >>> from placetool.costmodel import CostModel, presets
@@ -53,20 +52,21 @@ def fit_memory(problem, assignment, tracker, rounds: int = 8, margin: float = 0.
     r = None
     rounds = max(int(rounds), 0)
     for k in range(rounds + 1):  # score, then move, ``rounds`` times; score the last moves
-        try:
-            r = tracker.evaluate(a)
-        except BudgetExhausted:
-            return a, r
-        if len(r.feasible) == 0 or r.feasible[0]:
-            return a, r
-        if k == rounds:
+        if tracker.done():
             break
+        # one traced run both scores the placement and shows what each device holds
         sim = cm.simulate(g.to_placement(a), trace=True)
+        r = EvalResult(a[None, :].copy(), np.array([sim.step_time_us]), np.array([sim.feasible]),
+                       sim.peak_memory_bytes[None, :])
+        tracker.record(r.assignments, r.step_time_us, r.feasible, r.peak_memory_bytes)
+        if sim.feasible or k == rounds:
+            break
         place = np.asarray(sim.trace.placement, np.int64)
         room = cap - sim.peak_memory_bytes
+        residents = peak_residents(sim.trace, g, D)
         moved_any = False
         for d in np.flatnonzero(room < 0):
-            _, ops, copies = peak_residents(sim.trace, g, D, int(d))
+            _, ops, copies = residents[d]
             xt = np.asarray(sim.trace.x_tensor, np.int64)[copies]
             # (bytes, tensors held): an op's outputs, or a received copy
             items = [(float(g.out_bytes[op]), range(op_t_ptr[op], op_t_ptr[op + 1]), int(op)) for op in ops]
@@ -95,4 +95,4 @@ def fit_memory(problem, assignment, tracker, rounds: int = 8, margin: float = 0.
                 moved_any = True
         if not moved_any:
             break
-    return a, r
+    return (a, r) if r is None else (r.assignments[0].copy(), r)

@@ -41,10 +41,9 @@ def test_peak_residents_by_hand():
     # d0 peaks at 2 (a's output and c's); d1 at 13 (the received copy of a's output and b's)
     cm, r = _fork()
     a, b, c = (cm.graph.index[v] for v in "abc")
-    t, ops, copies = peak_residents(r.trace, cm.graph, 2, 0)
+    (t, ops, copies), (t1, ops1, copies1) = peak_residents(r.trace, cm.graph, 2)
     assert t == 2.0 and sorted(ops.tolist()) == sorted([a, c]) and copies.tolist() == []
-    t, ops, copies = peak_residents(r.trace, cm.graph, 2, 1)
-    assert t == 13.0 and ops.tolist() == [b] and copies.tolist() == [0]
+    assert t1 == 13.0 and ops1.tolist() == [b] and copies1.tolist() == [0]
     assert cm.graph.tensor_op[r.trace.x_tensor[0]] == a  # the copy is of a's output
 
 
