@@ -8,13 +8,16 @@ means optimal for the simulator's rules, memory included. Devices that can be sw
 without changing anything (same op times, memory and links) are interchangeable: only
 the first unused one of a class is tried, which removes their permutations.
 
-The bound of a partial assignment is the largest of: the problem's lower bound
-(:mod:`placetool.search.bounds`); the earliest the last op can end with unlimited
-devices, fixed ops on their devices, free ops on whichever device ends them first, and
-every transfer between devices paying latency + bytes / bandwidth (see
-:func:`partial_bound`); the busiest device's fixed work; and all fixed work plus every
-free group's fastest time, over the devices. Each ignores queueing, so completions can
-only be slower.
+The bound of a partial assignment (:func:`partial_bound`) is the largest of: the
+problem's lower bound (:mod:`placetool.search.bounds`); the earliest the last op can end
+with unlimited devices, fixed ops on their devices, free ops on whichever device ends
+them first, and every transfer between devices paying latency + bytes / bandwidth; each
+device's fixed ops as one machine with those earliest starts and the least time after
+each op to the end of the step (pre-emptive, so a bound); and the level all work reaches
+when the free work is poured over the devices' fixed work. Each ignores queueing, so
+completions can only be slower. Complete assignments are bounded too, and only those
+below the incumbent are simulated. The tree is walked by compiled code (:func:`branch`)
+that hands back batches of leaves for the simulator.
 
 The search starts from the best placement of a short ``sa`` run (``incumbent_share`` of
 a time budget; the seeding methods alone under an evaluation budget). When the budget ends first the
@@ -26,6 +29,8 @@ as devices^groups where the bound does not cut it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
@@ -33,61 +38,183 @@ from .annealing import seed_assignments
 from .base import Budget, BudgetExhausted, get, register
 
 
+class Ops(NamedTuple):
+    """The problem as the bound reads it."""
+
+    group: np.ndarray  # int64 [n]
+    T: np.ndarray  # float64 [n, D]: op time, inf where the op may not go
+    topo_order: np.ndarray  # int64 [n]
+    out_ptr: np.ndarray  # int64 [n + 1] -> out_dst, out_bytes, out_ctrl (edges by source)
+    out_dst: np.ndarray  # int64
+    out_bytes: np.ndarray  # float64
+    out_ctrl: np.ndarray  # bool: control edge (no transfer)
+    latency: np.ndarray  # float64 [D, D]
+    bandwidth: np.ndarray  # float64 [D, D]
+
+
+def make_ops(problem) -> Ops:
+    """Pack a problem's graph, op times and links for :func:`partial_bound`."""
+    g, cm, cl = problem.graph, problem.cost_model, problem.cluster
+    o = np.argsort(g.edge_src, kind="stable")
+
+    def a(x, dt):
+        return np.ascontiguousarray(x, dt)
+
+    return Ops(
+        group=a(g.group, np.int64), T=a(np.where(problem.allowed[g.group], cm.T, np.inf), np.float64),
+        topo_order=a(g.topo_order, np.int64),
+        out_ptr=np.searchsorted(g.edge_src[o], np.arange(g.n_ops + 1)).astype(np.int64),
+        out_dst=a(g.edge_dst[o], np.int64), out_bytes=a(g.edge_bytes[o], np.float64),
+        out_ctrl=a(g.edge_tensor[o] < 0, np.bool_), latency=a(cl.latency_us, np.float64),
+        bandwidth=a(cl.bandwidth_bytes_per_us, np.float64),
+    )
+
+
+@njit(cache=True, inline="always")
+def _arrival(F, e, d, ops):
+    """Earliest the input over edge ``e`` reaches device ``d`` when its producer ends
+    on each device at ``F`` at the earliest."""
+    a = np.inf
+    for d2 in range(F.shape[0]):
+        f = F[d2]
+        if d2 != d and not ops.out_ctrl[e]:
+            f += ops.latency[d2, d] + ops.out_bytes[e] / ops.bandwidth[d2, d]
+        if f < a:
+            a = f
+    return a
+
+
+@njit(cache=True, inline="always")
+def _tail(G, e, d, ops):
+    """Least time from the end of an edge's producer on ``d`` to the end of the step
+    through that edge, its consumer ending earliest after ``G`` (T + tail per device)."""
+    a = np.inf
+    for d2 in range(G.shape[0]):
+        f = G[d2]
+        if d2 != d and not ops.out_ctrl[e]:
+            f += ops.latency[d, d2] + ops.out_bytes[e] / ops.bandwidth[d, d2]
+        if f < a:
+            a = f
+    return a
+
+
 @njit(cache=True)
-def partial_bound(gdev, group, T, topo_order, src_ptr, dst, nbytes, ctrl, lat, bw, D):
+def one_machine_bound(r, p, q, m):
+    """Least makespan of ``m`` jobs on one machine with release times ``r``, times ``p``
+    and tails ``q`` when jobs may be pre-empted (Jackson's rule: run the released job
+    with the longest tail). No non-preemptive schedule ends earlier."""
+    order = np.argsort(r[:m])
+    rem = p[:m].copy()
+    t = r[order[0]]
+    i = 0
+    left = m
+    best = 0.0
+    while left > 0:
+        while i < m and r[order[i]] <= t:
+            i += 1
+        j = -1
+        for k in range(i):
+            jj = order[k]
+            if rem[jj] > 0 and (j < 0 or q[jj] > q[j]):
+                j = jj
+        if j < 0:
+            t = r[order[i]]
+            continue
+        nxt = r[order[i]] if i < m else np.inf
+        if t + rem[j] <= nxt:
+            t += rem[j]
+            rem[j] = 0.0
+            left -= 1
+            if t + q[j] > best:
+                best = t + q[j]
+        else:
+            rem[j] -= nxt - t
+            t = nxt
+    return best
+
+
+@njit(cache=True)
+def partial_bound(gdev, ops):
     """Lower bound on the step time of every completion of ``gdev`` (-1 = free group).
 
-    ``F[v, d]``, the earliest v can end on device d with unlimited devices (inf where v
-    may not go: no kernel, or its group is fixed elsewhere), is a dynamic programme over
-    the topological order: an input from u arrives at min over d' of F[u, d'] plus the
-    transfer from d' to d. The bound is the latest op's best F, or the busiest device's
-    fixed work, or all work (free ops on their fastest device) over the devices.
+    Heads ``ready[v, d]``, the earliest v can start on d with unlimited devices (free ops
+    on whichever device suits them, every transfer between devices paying latency +
+    bytes / bandwidth), are a dynamic programme over the topological order; tails
+    ``Q[v, d]``, the least time from v ending on d to the end of the step, the same
+    programme backwards. The bound is the largest of: the latest op's earliest end; for
+    each device, its fixed ops as one machine with those heads and tails
+    (:func:`one_machine_bound`); and the level the devices' fixed work reaches once the
+    free work (each op on its fastest device) is poured over them.
     """
-    n = T.shape[0]
+    T = ops.T
+    n, D = T.shape
     F = np.full((n, D), np.inf)
     ready = np.zeros((n, D))
     best = 0.0
     load = np.zeros(D)
     free_work = 0.0
     for k in range(n):
-        v = topo_order[k]
-        dv = gdev[group[v]]
+        v = ops.topo_order[k]
+        dv = gdev[ops.group[v]]
         fmin = np.inf
         tmin = np.inf
         for d in range(D):
             if (dv >= 0 and d != dv) or not np.isfinite(T[v, d]):
                 continue
             F[v, d] = ready[v, d] + T[v, d]
-            if F[v, d] < fmin:
-                fmin = F[v, d]
-            if T[v, d] < tmin:
-                tmin = T[v, d]
+            fmin = min(fmin, F[v, d])
+            tmin = min(tmin, T[v, d])
         if dv >= 0:
             load[dv] += T[v, dv]
         else:
             free_work += tmin
-        if fmin > best:
-            best = fmin
-        for e in range(src_ptr[v], src_ptr[v + 1]):
-            u = dst[e]
+        best = max(best, fmin)
+        for e in range(ops.out_ptr[v], ops.out_ptr[v + 1]):
+            u = ops.out_dst[e]
             for d in range(D):
-                a = np.inf
-                for d2 in range(D):
-                    f = F[v, d2]
-                    if d2 != d and not ctrl[e]:
-                        f += lat[d2, d] + nbytes[e] / bw[d2, d]
-                    if f < a:
-                        a = f
-                if a > ready[u, d]:
-                    ready[u, d] = a
-    total = free_work
+                ready[u, d] = max(ready[u, d], _arrival(F[v], e, d, ops))
+    # tails, backwards: an edge's successor u is best served on the device that ends
+    # it earliest counting its transfer, run time and own tail
+    Q = np.zeros((n, D))
+    G = np.full((n, D), np.inf)  # T + Q where u may go
+    for k in range(n - 1, -1, -1):
+        v = ops.topo_order[k]
+        for d in range(D):
+            if not np.isfinite(F[v, d]):
+                continue
+            qv = 0.0
+            for e in range(ops.out_ptr[v], ops.out_ptr[v + 1]):
+                qv = max(qv, _tail(G[ops.out_dst[e]], e, d, ops))
+            Q[v, d] = qv
+            G[v, d] = T[v, d] + qv
+    r = np.empty(n)
+    p = np.empty(n)
+    q = np.empty(n)
     for d in range(D):
-        total += load[d]
-        if load[d] > best:
-            best = load[d]
-    if total / D > best:
-        best = total / D
-    return best
+        m = 0
+        for v in range(n):
+            if gdev[ops.group[v]] == d:
+                r[m], p[m], q[m] = ready[v, d], T[v, d], Q[v, d]
+                m += 1
+        if m > 1:
+            best = max(best, one_machine_bound(r, p, q, m))
+    return max(best, fill_level(load, free_work))
+
+
+@njit(cache=True)
+def fill_level(load, work):
+    """The least level L with sum over devices of max(0, L - load) >= ``work``: where
+    ``work`` poured over devices already holding ``load`` reaches at least."""
+    s = np.sort(load)
+    D = s.shape[0]
+    cum = 0.0
+    level = 0.0
+    for i in range(D):  # fill the i + 1 emptiest devices until the next one is reached
+        cum += s[i]
+        level = (work + cum) / (i + 1)
+        if i + 1 == D or level <= s[i + 1]:
+            break
+    return level
 
 
 def device_classes(problem) -> np.ndarray:
@@ -114,11 +241,111 @@ def device_classes(problem) -> np.ndarray:
     return cls
 
 
-@register("exact", budget=Budget(seconds=60.0))
-def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, incumbent_share: float = 0.2):
-    """Branch and bound over group assignments: optimal, or the best with a proven gap."""
-    cm, g = problem.cost_model, problem.graph
+class Tree(NamedTuple):
+    """The branch-and-bound tree's state, kept between calls of :func:`branch`."""
+
+    gdev: np.ndarray  # int64 [G]: device of each group, -1 while free
+    gorder: np.ndarray  # int64 [G]: group fixed at each depth
+    allowed: np.ndarray  # bool [G, D]
+    cls: np.ndarray  # int64 [D]: device class (see :func:`device_classes`)
+    kid_dev: np.ndarray  # int64 [G, D]: children of each depth on the path, best bound first
+    kid_bound: np.ndarray  # float64 [G, D]
+    n_kids: np.ndarray  # int64 [G]
+    next_kid: np.ndarray  # int64 [G]
+    leaves: np.ndarray  # int32 [batch, G]: complete assignments waiting for the simulator
+    leaf_bound: np.ndarray  # float64 [batch]
+    count: np.ndarray  # int64 [4]: depth of the path, nodes visited, pruned, leaves waiting
+
+
+def make_tree(problem, gorder, cls, batch: int) -> Tree:
     G, D = problem.n_groups, problem.n_devices
+    return Tree(
+        gdev=np.full(G, -1, np.int64), gorder=np.ascontiguousarray(gorder, np.int64),
+        allowed=np.ascontiguousarray(problem.allowed, np.bool_), cls=np.ascontiguousarray(cls, np.int64),
+        kid_dev=np.zeros((G, D), np.int64), kid_bound=np.zeros((G, D)), n_kids=np.zeros(G, np.int64),
+        next_kid=np.zeros(G, np.int64), leaves=np.zeros((batch, G), np.int32), leaf_bound=np.zeros(batch),
+        count=np.zeros(4, np.int64),
+    )
+
+
+@njit(cache=True)
+def expand(tree, ops, depth, parent, root):
+    """Bound the children of the path at ``depth`` (its group on each device it may
+    use) and keep them sorted by (bound, device). Of a device class's unused devices
+    only the first is tried: the others give the same step times."""
+    G, D = tree.allowed.shape
+    k = tree.gorder[depth]
+    used = np.zeros(D, np.bool_)
+    for x in range(G):
+        if tree.gdev[x] >= 0:
+            used[tree.gdev[x]] = True
+    tried = np.zeros(D, np.bool_)
+    m = 0
+    for d in range(D):
+        if not tree.allowed[k, d]:
+            continue
+        if not used[d]:
+            if tried[tree.cls[d]]:
+                continue
+            tried[tree.cls[d]] = True
+        tree.gdev[k] = d
+        b = max(parent, root, partial_bound(tree.gdev, ops))
+        tree.gdev[k] = -1
+        j = m
+        while j > 0 and tree.kid_bound[depth, j - 1] > b:
+            tree.kid_bound[depth, j] = tree.kid_bound[depth, j - 1]
+            tree.kid_dev[depth, j] = tree.kid_dev[depth, j - 1]
+            j -= 1
+        tree.kid_bound[depth, j] = b
+        tree.kid_dev[depth, j] = d
+        m += 1
+    tree.n_kids[depth] = m
+    tree.next_kid[depth] = 0
+
+
+@njit(cache=True)
+def branch(tree, ops, root, incumbent, max_nodes):
+    """Depth-first search from where the tree stands until ``max_nodes`` nodes are
+    visited, the leaf batch is full or the tree is done (depth 0). Children bounded no
+    better than ``incumbent`` are pruned with their later siblings."""
+    G = tree.gdev.shape[0]
+    c = tree.count
+    steps = 0
+    while c[0] > 0 and steps < max_nodes and c[3] < tree.leaves.shape[0]:
+        depth = c[0] - 1
+        i = tree.next_kid[depth]
+        if i >= tree.n_kids[depth]:
+            c[0] -= 1
+            if c[0] > 0:
+                tree.gdev[tree.gorder[c[0] - 1]] = -1
+            continue
+        tree.next_kid[depth] = i + 1
+        b = tree.kid_bound[depth, i]
+        steps += 1
+        c[1] += 1
+        if b >= incumbent * (1 - 1e-12):
+            c[2] += tree.n_kids[depth] - i
+            tree.next_kid[depth] = tree.n_kids[depth]
+            continue
+        k = tree.gorder[depth]
+        tree.gdev[k] = tree.kid_dev[depth, i]
+        if depth + 1 == G:
+            for x in range(G):
+                tree.leaves[c[3], x] = tree.gdev[x]
+            tree.leaf_bound[c[3]] = b
+            c[3] += 1
+            tree.gdev[k] = -1
+            continue
+        expand(tree, ops, depth + 1, b, root)
+        c[0] += 1
+
+
+@register("exact", budget=Budget(seconds=60.0))
+def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, incumbent_share: float = 0.2,
+          chunk: int = 4096):
+    """Branch and bound over group assignments: optimal, or the best with a proven gap."""
+    g = problem.graph
+    G = problem.n_groups
     meta = {"status": "feasible", "nodes": 0, "pruned": 0, "leaves": 0}
     # a good first incumbent prunes most of the tree: the seeding methods, then (under a
     # time budget) a short annealing run from the best of them
@@ -133,103 +360,43 @@ def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, inc
     inc = tracker.best_step_us if tracker.best_feasible else np.inf
     meta["incumbent_us"] = float(inc)
 
-    # op arrays for the bound
-    T = np.ascontiguousarray(np.where(problem.allowed[g.group], cm.T, np.inf))
-    order = np.ascontiguousarray(g.topo_order, np.int64)
-    data = g.edge_tensor >= 0
-    o = np.argsort(g.edge_src, kind="stable")
-    src_ptr = np.searchsorted(g.edge_src[o], np.arange(g.n_ops + 1)).astype(np.int64)
-    dst = np.ascontiguousarray(g.edge_dst[o], np.int64)
-    nbytes = np.ascontiguousarray(g.edge_bytes[o], np.float64)
-    ctrl = np.ascontiguousarray(~data[o])
-    lat = np.ascontiguousarray(problem.cluster.latency_us, np.float64)
-    bw = np.ascontiguousarray(problem.cluster.bandwidth_bytes_per_us, np.float64)
-    group = np.ascontiguousarray(g.group, np.int64)
+    ops = make_ops(problem)
     root = problem.lower_bound_us()
-
-    def bound(gdev):
-        return max(root, partial_bound(gdev, group, T, order, src_ptr, dst, nbytes, ctrl, lat, bw, D))
-
     first = np.full(G, np.iinfo(np.int64).max, np.int64)
     np.minimum.at(first, g.group, g.topo_rank.astype(np.int64))
-    gorder = np.argsort(first, kind="stable")
     cls = device_classes(problem)
-    leaves: list[np.ndarray] = []
-
-    def flush():
-        nonlocal inc
-        if not leaves:
-            return
-        A = np.stack(leaves)
-        leaves.clear()
-        r = tracker.evaluate(A)  # BudgetExhausted when the budget ends
-        meta["leaves"] += len(r.step_time_us)
-        ok = r.feasible
-        if ok.any():
-            inc = min(inc, float(r.step_time_us[ok].min()))
-
-    def children(gdev, depth, parent):
-        """(bound, device) of each child at ``depth``, best first; leaves inherit the
-        parent's bound (the simulator scores them)."""
-        k = gorder[depth]
-        used = set(gdev[gdev >= 0].tolist())
-        tried = set()
-        out = []
-        for d in np.flatnonzero(problem.allowed[k]).tolist():
-            if d not in used:  # of a class's unused devices only the first is tried
-                if cls[d] in tried:
-                    continue
-                tried.add(cls[d])
-            if depth + 1 < G:
-                gdev[k] = d
-                out.append((max(parent, bound(gdev)), d))
-                gdev[k] = -1
-            else:
-                out.append((parent, d))
-        out.sort()
-        return out
-
-    gdev = np.full(G, -1, np.int64)
-    stack = []  # per depth: [children, index of the next one to try]
-    pending = []  # bounds of leaves waiting in ``leaves``
+    tree = make_tree(problem, np.argsort(first, kind="stable"), cls, leaf_batch)
+    c = tree.count
+    unscored = np.zeros(0)  # bounds of leaves the budget left unsimulated
     try:
         if G:
-            stack.append([children(gdev, 0, root), 0])
-        while stack:
-            depth = len(stack) - 1
-            kids, i = stack[-1]
-            if i >= len(kids):
-                stack.pop()
-                if stack:
-                    gdev[gorder[len(stack) - 1]] = -1
-                continue
-            stack[-1][1] = i + 1
-            b, d = kids[i]
-            k = gorder[depth]
-            meta["nodes"] += 1
-            if b >= inc * (1 - 1e-12):
-                meta["pruned"] += len(kids) - i  # children are sorted: the rest are no better
-                stack[-1][1] = len(kids)
-                continue
-            gdev[k] = d
-            if depth + 1 == G:
-                leaves.append(gdev.astype(np.int32))
-                pending.append(b)
-                gdev[k] = -1
-                if len(leaves) >= leaf_batch:
-                    flush()
-                    pending.clear()
-                continue
-            stack.append([children(gdev, depth + 1, b), 0])
+            expand(tree, ops, 0, root, root)
+            c[0] = 1
+        while True:
+            branch(tree, ops, root, inc, chunk)
+            n = int(c[3])
+            if n:
+                unscored = tree.leaf_bound[:n].copy()
+                r = tracker.evaluate(tree.leaves[:n])  # BudgetExhausted when the budget ends
+                scored = len(r.step_time_us)
+                unscored = unscored[scored:]
+                meta["leaves"] += scored
+                c[3] = 0
+                if r.feasible.any():
+                    inc = min(inc, float(r.step_time_us[r.feasible].min()))
+                if len(unscored):
+                    raise BudgetExhausted
+            if c[0] == 0:
+                break
             if tracker.done():
                 raise BudgetExhausted
-        flush()
-        pending.clear()
     except BudgetExhausted:
         pass  # what is left open bounds the gap below
+    meta["nodes"], meta["pruned"] = int(c[1]), int(c[2])
     best = tracker.best_step_us if tracker.best_feasible else np.inf
-    # what is left unexplored: untried children on the stack and unscored leaves
-    rest = [kids[j][0] for kids, i in stack for j in range(i, len(kids))] + pending
+    # what is left unexplored: untried children on the path and unscored leaves
+    rest = [tree.kid_bound[d, j] for d in range(int(c[0])) for j in range(tree.next_kid[d], tree.n_kids[d])]
+    rest += unscored.tolist()
     proven = best if not rest else max(root, min(min(rest), best))
     meta["status"] = "optimal" if np.isfinite(best) and best <= proven * (1 + 1e-12) else "feasible"
     meta["bound_us"] = float(proven)

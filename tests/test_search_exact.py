@@ -11,7 +11,7 @@ import pytest
 
 from placetool.costmodel import CostModel, OpGraph
 from placetool.search import Budget, Problem, run
-from placetool.search.exact import device_classes
+from placetool.search.exact import device_classes, fill_level, make_ops, one_machine_bound, partial_bound
 from tests.helpers import cluster
 
 
@@ -47,6 +47,39 @@ def test_exact_matches_brute_force(seed, hetero):
     assert r.step_time_us == pytest.approx(brute_force(p))
     # the bound is a bound: nothing can beat it
     assert r.metadata["bound_us"] <= r.step_time_us + 1e-9
+
+
+def test_one_machine_bound_by_hand():
+    # job 0 (released 0, 4 µs, tail 1) is pre-empted at 1 by job 1 (2 µs, tail 5):
+    # job 1 ends at 3 (+5 = 8), job 0 at 6 (+1 = 7); no order ends before 8
+    r, p, q = np.array([0.0, 1.0]), np.array([4.0, 2.0]), np.array([1.0, 5.0])
+    assert one_machine_bound(r, p, q, 2) == 8.0
+    # one job: its release, run time and tail
+    assert one_machine_bound(np.array([3.0]), np.array([2.0]), np.array([1.0]), 1) == 6.0
+
+
+def test_fill_level_by_hand():
+    load = np.array([10.0, 0.0, 30.0])
+    assert fill_level(load, 20.0) == 15.0  # the two emptiest reach 15, below 30
+    assert fill_level(load, 5.0) == 5.0
+    assert fill_level(load, 100.0) == pytest.approx(140.0 / 3)
+    assert fill_level(load, 0.0) == 0.0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_partial_bound_never_exceeds_a_completion(seed):
+    # every partial assignment's bound is at most the best simulated completion of it
+    p = random_problem(7, 3, seed, hetero=seed % 2 == 1)
+    A = np.array(list(itertools.product(range(3), repeat=7)), np.int32)
+    step = p.cost_model.simulate_batch(A).step_time_us
+    ops = make_ops(p)
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        gdev = rng.integers(0, 3, size=7)
+        gdev[rng.random(7) < 0.5] = -1
+        fixed = gdev >= 0
+        best = step[(A[:, fixed] == gdev[fixed]).all(axis=1)].min()
+        assert partial_bound(gdev.astype(np.int64), ops) <= best + 1e-9
 
 
 def test_identical_devices_are_one_class_and_a_faster_one_is_not():
