@@ -1,5 +1,5 @@
-"""``exact``: branch and bound proves optima that brute force confirms, and sa and tpe
-reach them on small random problems."""
+"""``exact``: branch and bound proves optima that brute force confirms, its bound never
+exceeds a completion, and sa, tpe and rl reach the optima on small random problems."""
 
 from __future__ import annotations
 
@@ -112,27 +112,30 @@ def test_exact_reports_a_gap_when_the_budget_ends_first():
         assert m["gap"] == pytest.approx(r.step_time_us / m["bound_us"] - 1)
 
 
-INSTANCES = [(12, 3, 0), (16, 2, 1), (16, 3, 4)]
+INSTANCES = [(12, 3, 0), (16, 2, 1), (16, 3, 4), (24, 3, 0)]
+#: where a searcher stops above the optimum at these budgets (seed 0)
+SHORT = {("tpe", (16, 3, 4)): "tpe stops 10% above the optimum at 300 trials here",
+         ("tpe", (24, 3, 0)): "tpe stops 9% above the optimum at 300 trials here",
+         ("rl", (16, 3, 4)): "rl stops 8.6% above the optimum here, even at 20,000 samples"}
 
 
 @pytest.fixture(scope="module")
 def optima():
-    """Each instance with its proven optimum (computed once for both methods)."""
+    """Each instance with its proven optimum (computed once for all methods)."""
     out = {}
     for n, devices, seed in INSTANCES:
         p = random_problem(n, devices, seed, latency=5.0, bandwidth=20.0, hetero=True)
-        ex = run("exact", p, Budget(seconds=60), seed=0, incumbent_share=0.05)
+        ex = run("exact", p, Budget(seconds=60), seed=0, incumbent_share=0.01)
         assert ex.metadata["status"] == "optimal", ex.metadata
         out[n, devices, seed] = (p, ex.step_time_us)
     return out
 
 
 @pytest.mark.parametrize("inst", INSTANCES)
-@pytest.mark.parametrize("method,evals", [("sa", 1500), ("tpe", 300)])
-def test_sa_and_tpe_reach_the_proven_optimum(optima, inst, method, evals, request):
-    if method == "tpe" and inst == (16, 3, 4):
-        request.applymarker(pytest.mark.xfail(reason="tpe stops 10% above the optimum at 300 trials here",
-                                              strict=False))
+@pytest.mark.parametrize("method,evals", [("sa", 5000), ("tpe", 300), ("rl", 5000)])
+def test_searchers_reach_the_proven_optimum(optima, inst, method, evals, request):
+    if (method, inst) in SHORT:
+        request.applymarker(pytest.mark.xfail(reason=SHORT[method, inst], strict=True))
     p, best = optima[inst]
     r = run(method, p, Budget(evals=evals), seed=0)
     assert r.step_time_us <= best * 1.02
