@@ -71,30 +71,18 @@ def make_ops(problem) -> Ops:
 
 
 @njit(cache=True, inline="always")
-def _arrival(F, e, d, ops):
-    """Earliest the input over edge ``e`` reaches device ``d`` when its producer ends
-    on each device at ``F`` at the earliest."""
+def _via(row, e, d, ops, backward):
+    """Least of ``row[d2]`` plus the transfer over edge ``e`` between d2 and ``d``: from
+    d2 to d (``backward`` False: when the input reaches d, ``row`` the producer's
+    earliest ends) or from d to d2 (True: the rest of the step after the producer ends
+    on d, ``row`` the consumer's run time plus tail)."""
     a = np.inf
-    for d2 in range(F.shape[0]):
-        f = F[d2]
+    for d2 in range(row.shape[0]):
+        f = row[d2]
         if d2 != d and not ops.out_ctrl[e]:
-            f += ops.latency[d2, d] + ops.out_bytes[e] / ops.bandwidth[d2, d]
-        if f < a:
-            a = f
-    return a
-
-
-@njit(cache=True, inline="always")
-def _tail(G, e, d, ops):
-    """Least time from the end of an edge's producer on ``d`` to the end of the step
-    through that edge, its consumer ending earliest after ``G`` (T + tail per device)."""
-    a = np.inf
-    for d2 in range(G.shape[0]):
-        f = G[d2]
-        if d2 != d and not ops.out_ctrl[e]:
-            f += ops.latency[d, d2] + ops.out_bytes[e] / ops.bandwidth[d, d2]
-        if f < a:
-            a = f
+            s, t = (d, d2) if backward else (d2, d)
+            f += ops.latency[s, t] + ops.out_bytes[e] / ops.bandwidth[s, t]
+        a = min(a, f)
     return a
 
 
@@ -172,11 +160,11 @@ def partial_bound(gdev, ops):
         for e in range(ops.out_ptr[v], ops.out_ptr[v + 1]):
             u = ops.out_dst[e]
             for d in range(D):
-                ready[u, d] = max(ready[u, d], _arrival(F[v], e, d, ops))
+                ready[u, d] = max(ready[u, d], _via(F[v], e, d, ops, False))
     # tails, backwards: an edge's successor u is best served on the device that ends
     # it earliest counting its transfer, run time and own tail
     Q = np.zeros((n, D))
-    G = np.full((n, D), np.inf)  # T + Q where u may go
+    TQ = np.full((n, D), np.inf)  # T + Q where an op may go
     for k in range(n - 1, -1, -1):
         v = ops.topo_order[k]
         for d in range(D):
@@ -184,9 +172,9 @@ def partial_bound(gdev, ops):
                 continue
             qv = 0.0
             for e in range(ops.out_ptr[v], ops.out_ptr[v + 1]):
-                qv = max(qv, _tail(G[ops.out_dst[e]], e, d, ops))
+                qv = max(qv, _via(TQ[ops.out_dst[e]], e, d, ops, True))
             Q[v, d] = qv
-            G[v, d] = T[v, d] + qv
+            TQ[v, d] = T[v, d] + qv
     r = np.empty(n)
     p = np.empty(n)
     q = np.empty(n)
@@ -356,7 +344,6 @@ def branching_order(problem, ops) -> np.ndarray:
 def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, incumbent_share: float = 0.2,
           chunk: int = 4096):
     """Branch and bound over group assignments: optimal, or the best with a proven gap."""
-    g = problem.graph
     G = problem.n_groups
     meta = {"status": "feasible", "nodes": 0, "pruned": 0, "leaves": 0}
     # a good first incumbent prunes most of the tree: the seeding methods, then (under a
