@@ -70,7 +70,7 @@ def main(argv=None) -> int:
                 gap = "" if r["status"] == "optimal" else f" gap {r['gap']:.1%}"
                 print(f"{n:3d} groups seed {s}: {r['status']:8s}{gap} {r['seconds']:6.1f} s  "
                       f"{r['nodes']:>10,} nodes {r['leaves']:>8,} leaves  best {r['best_us']:.1f} µs  "
-                      f"(bound {r['lower_bound_us']:.1f})  {ratios}", flush=True)
+                      f"(lower bound {r['lower_bound_us']:.1f})  {ratios}", flush=True)
     if a.json:
         print(json.dumps({"rows": rows}, indent=1))
     else:
