@@ -37,14 +37,15 @@ from .critical import CriticalMoves, CriticalPath
 from .memory import fit_memory
 
 
-def objective(step, feasible, peak, capacity, feasible_ref: float = 0.0) -> np.ndarray:
+def objective(step, feasible, peak, capacity, feasible_ref: float = np.inf) -> np.ndarray:
     """What annealing minimises: the step time, or over memory a penalised one that is
-    at least 1.5x ``feasible_ref`` (the step time of a feasible placement, if one is
-    known), so an infeasible placement never scores better than that one."""
+    at least 1.5x ``feasible_ref`` (the step time of a feasible placement; inf when none
+    is known), so an infeasible placement never scores better than that one."""
     step = np.asarray(step, float)
     peak = np.atleast_2d(peak)
     over = np.clip((peak - capacity[None, :]) / capacity[None, :], 0, None).max(axis=1)
-    return np.where(feasible, step, np.maximum(step, feasible_ref) * (1.5 + over))
+    floor = feasible_ref if np.isfinite(feasible_ref) else 0.0
+    return np.where(feasible, step, np.maximum(step, floor) * (1.5 + over))
 
 
 def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
@@ -94,7 +95,7 @@ def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
         a = np.argmax(problem.allowed, axis=1).astype(np.int32)
         r = tracker.evaluate(a)
         found.append(("first-device", a, float(r.step_time_us[0]), bool(r.feasible[0]), r.peak_memory_bytes[0]))
-    ref = min((x[2] for x in found if x[3]), default=0.0)
+    ref = min((x[2] for x in found if x[3]), default=np.inf)
     out = []
     for name, a, step, ok, peak in found:
         o = float(objective([step], [ok], peak[None, :], cap, ref)[0])
@@ -165,7 +166,7 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
     cur_obj, _, cur = seeds_[0]
     cur = cur.copy()
     # infeasible placements score at least 1.5x the best feasible seed (see objective)
-    ref = tracker.best_step_us if tracker.best_feasible else 0.0
+    ref = tracker.best_feasible_us
     if mode == "incremental":
         from placetool.costmodel.incremental import IncrementalSimulator
 

@@ -160,6 +160,11 @@ class Tracker:
     def seconds(self) -> float:
         return time.perf_counter() - self.t0
 
+    @property
+    def best_feasible_us(self) -> float:
+        """The fastest feasible step time seen (µs); inf until a feasible one is."""
+        return self.best_step_us if self.best_feasible else np.inf
+
     def remaining_evals(self) -> int:
         """Evaluations left (a large number when only seconds bound the search)."""
         if self.budget.evals is None:

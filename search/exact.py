@@ -357,7 +357,7 @@ def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, inc
                 pass
     else:
         seed_assignments(problem, budget, seed, tracker, names=seeds, share=0.1)
-    inc = tracker.best_step_us if tracker.best_feasible else np.inf
+    inc = tracker.best_feasible_us
     meta["incumbent_us"] = float(inc)
 
     ops = make_ops(problem)
@@ -391,7 +391,7 @@ def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, inc
     except BudgetExhausted:
         pass  # what is left open bounds the gap below
     meta["nodes"], meta["pruned"] = int(c[1]), int(c[2])
-    best = tracker.best_step_us if tracker.best_feasible else np.inf
+    best = tracker.best_feasible_us
     # what is left unexplored: untried children on the path and unscored leaves
     rest = [tree.kid_bound[d, j] for d in range(int(c[0])) for j in range(tree.next_kid[d], tree.n_kids[d])]
     rest += unscored.tolist()

@@ -164,8 +164,7 @@ def tpe(problem, budget, seed, tracker, variables: int = 100, batch: int = 16, s
             for t in trials:
                 study.tell(t, state=optuna.trial.TrialState.FAIL)
             break
-        objs = objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap,
-                         tracker.best_step_us if tracker.best_feasible else 0.0)
+        objs = objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap, tracker.best_feasible_us)
         for i, t in enumerate(trials):
             if i < len(objs) and np.isfinite(objs[i]):
                 study.tell(t, float(objs[i]))

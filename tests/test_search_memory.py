@@ -58,6 +58,13 @@ def test_objective_never_prefers_an_infeasible_placement_to_the_reference(ref):
     assert objective([10.0], [True], np.array([[150.0, 0.0]]), cap, ref)[0] == 10.0
 
 
+def test_objective_without_a_feasible_reference_is_the_plain_penalty():
+    cap = np.array([100.0, 100.0])
+    step = np.array([10.0, 40.0])
+    o = objective(step, [False, True], np.array([[150.0, 0.0]] * 2), cap)  # none known: inf
+    assert o.tolist() == [10.0 * 2.0, 40.0]
+
+
 def tight_synthetic() -> Problem:
     """synthetic-1k on k80x2 with each GPU holding half of what one GPU's run peaks at."""
     cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x2"))
