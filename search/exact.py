@@ -258,9 +258,10 @@ def make_tree(problem, gorder, cls, batch: int) -> Tree:
 
 
 @njit(cache=True)
-def expand(tree, ops, depth, parent, root):
+def expand(tree, ops, depth, parent):
     """Bound the children of the path at ``depth`` (its group on each device it may
-    use) and keep them sorted by (bound, device). Of a device class's unused devices
+    use; no child below ``parent``, the path's own bound) and keep them sorted by
+    (bound, device). Of a device class's unused devices
     only the first is tried: the others give the same step times."""
     G, D = tree.allowed.shape
     k = tree.gorder[depth]
@@ -278,7 +279,7 @@ def expand(tree, ops, depth, parent, root):
                 continue
             tried[tree.cls[d]] = True
         tree.gdev[k] = d
-        b = max(parent, root, partial_bound(tree.gdev, ops))
+        b = max(parent, partial_bound(tree.gdev, ops))
         tree.gdev[k] = -1
         j = m
         while j > 0 and tree.kid_bound[depth, j - 1] > b:
@@ -293,7 +294,7 @@ def expand(tree, ops, depth, parent, root):
 
 
 @njit(cache=True)
-def branch(tree, ops, root, incumbent, max_nodes):
+def branch(tree, ops, incumbent, max_nodes):
     """Depth-first search from where the tree stands until ``max_nodes`` nodes are
     visited, the leaf batch is full or the tree is done (depth 0). Children bounded no
     better than ``incumbent`` are pruned with their later siblings."""
@@ -325,7 +326,7 @@ def branch(tree, ops, root, incumbent, max_nodes):
             c[3] += 1
             tree.gdev[k] = -1
             continue
-        expand(tree, ops, depth + 1, b, root)
+        expand(tree, ops, depth + 1, b)
         c[0] += 1
 
 
@@ -368,10 +369,10 @@ def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, inc
     unscored = np.zeros(0)  # bounds of leaves the budget left unsimulated
     try:
         if G:
-            expand(tree, ops, 0, root, root)
+            expand(tree, ops, 0, root)  # every bound below is at least the root's
             c[0] = 1
         while True:
-            branch(tree, ops, root, inc, chunk)
+            branch(tree, ops, inc, chunk)
             n = int(c[3])
             if n:
                 unscored = tree.leaf_bound[:n].copy()
