@@ -105,7 +105,7 @@ def lifetimes(trace, graph, n_devices: int):
     return free_out, free_copy
 
 
-def _memory_events(trace, graph, n_devices: int, free_out, free_copy):
+def _memory_events(trace, graph, free_out, free_copy):
     """(times, devices, byte deltas) of every allocation and free."""
     p = np.asarray(trace.placement, np.int64)
     xt = np.asarray(trace.x_tensor, np.int64)
@@ -136,7 +136,7 @@ def memory_timeline(trace, graph, n_devices: int):
     Starts at each device's parameter bytes at time 0.
     """
     free_out, free_copy = lifetimes(trace, graph, n_devices)
-    t_all, d_all, v_all = _memory_events(trace, graph, n_devices, free_out, free_copy)
+    t_all, d_all, v_all = _memory_events(trace, graph, free_out, free_copy)
     p = np.asarray(trace.placement, np.int64)
     params = np.bincount(p, weights=graph.param_bytes.astype(np.float64), minlength=n_devices)
     return [_steps(t_all[d_all == d], v_all[d_all == d], params[d]) for d in range(n_devices)]
@@ -154,7 +154,7 @@ def peak_residents(trace, graph, n_devices: int):
     True
     """
     free_out, free_copy = lifetimes(trace, graph, n_devices)
-    t_all, d_all, v_all = _memory_events(trace, graph, n_devices, free_out, free_copy)
+    t_all, d_all, v_all = _memory_events(trace, graph, free_out, free_copy)
     p = np.asarray(trace.placement, np.int64)
     start, xs, xd = np.asarray(trace.op_start), np.asarray(trace.x_start), np.asarray(trace.x_dst)
     out = []

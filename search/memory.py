@@ -64,10 +64,11 @@ def fit_memory(problem, assignment, tracker, rounds: int = 8, margin: float = 0.
         place = np.asarray(sim.trace.placement, np.int64)
         room = cap - sim.peak_memory_bytes
         residents = peak_residents(sim.trace, g, D)
+        x_tensor = np.asarray(sim.trace.x_tensor, np.int64)
         moved_any = False
         for d in np.flatnonzero(room < 0):
             _, ops, copies = residents[d]
-            xt = np.asarray(sim.trace.x_tensor, np.int64)[copies]
+            xt = x_tensor[copies]
             # (bytes, tensors held): an op's outputs, or a received copy
             items = [(float(g.out_bytes[op]), range(op_t_ptr[op], op_t_ptr[op + 1]), int(op)) for op in ops]
             items += [(float(g.tensor_bytes[t]), (t,), -1) for t in xt]
