@@ -45,12 +45,10 @@ class Ops(NamedTuple):
     group: np.ndarray  # int64 [n]
     T: np.ndarray  # float64 [n, D]: op time, inf where the op may not go
     topo_order: np.ndarray  # int64 [n]
-    out_ptr: np.ndarray  # int64 [n + 1] -> out_dst, out_bytes, out_ctrl (edges by source)
+    out_ptr: np.ndarray  # int64 [n + 1] -> out_dst, out_comm (edges by source)
     out_dst: np.ndarray  # int64
-    out_bytes: np.ndarray  # float64
-    out_ctrl: np.ndarray  # bool: control edge (no transfer)
-    latency: np.ndarray  # float64 [D, D]
-    bandwidth: np.ndarray  # float64 [D, D]
+    out_comm: np.ndarray  # float64 [edges, D, D]: the edge's transfer time from one device to
+    #                      another (latency + bytes / bandwidth; 0 on one device and for control edges)
 
 
 def make_ops(problem) -> Ops:
@@ -61,30 +59,38 @@ def make_ops(problem) -> Ops:
     def a(x, dt):
         return np.ascontiguousarray(x, dt)
 
+    lat, bw = cl.latency_us, cl.bandwidth_bytes_per_us
+    comm = lat[None] + g.edge_bytes[o][:, None, None] / bw[None]
+    comm[:, np.arange(len(lat)), np.arange(len(lat))] = 0.0
+    comm[g.edge_tensor[o] < 0] = 0.0
     return Ops(
         group=a(g.group, np.int64), T=a(np.where(problem.allowed[g.group], cm.T, np.inf), np.float64),
         topo_order=a(g.topo_order, np.int64),
         out_ptr=np.searchsorted(g.edge_src[o], np.arange(g.n_ops + 1)).astype(np.int64),
-        out_dst=a(g.edge_dst[o], np.int64), out_bytes=a(g.edge_bytes[o], np.float64),
-        out_ctrl=a(g.edge_tensor[o] < 0, np.bool_), latency=a(cl.latency_us, np.float64),
-        bandwidth=a(cl.bandwidth_bytes_per_us, np.float64),
+        out_dst=a(g.edge_dst[o], np.int64), out_comm=a(comm, np.float64),
     )
 
 
-@njit(cache=True, inline="always")
-def _via(row, e, d, ops, backward):
-    """Least of ``row[d2]`` plus the transfer over edge ``e`` between d2 and ``d``: from
-    d2 to d (``backward`` False: when the input reaches d, ``row`` the producer's
-    earliest ends) or from d to d2 (True: the rest of the step after the producer ends
-    on d, ``row`` the consumer's run time plus tail)."""
-    a = np.inf
-    for d2 in range(row.shape[0]):
-        f = row[d2]
-        if d2 != d and not ops.out_ctrl[e]:
-            s, t = (d, d2) if backward else (d2, d)
-            f += ops.latency[s, t] + ops.out_bytes[e] / ops.bandwidth[s, t]
-        a = min(a, f)
-    return a
+class Work(NamedTuple):
+    """Scratch arrays of :func:`bound_into`, made once per tree rather than per bound."""
+
+    F: np.ndarray  # float64 [n, D]: earliest end of each op on each device
+    ready: np.ndarray  # float64 [n, D]: earliest start (heads)
+    Q: np.ndarray  # float64 [n, D]: tails
+    TQ: np.ndarray  # float64 [n, D]: run time plus tail
+    r: np.ndarray  # float64 [n]: one device's jobs: heads, run times, tails
+    p: np.ndarray
+    q: np.ndarray
+    rem: np.ndarray  # float64 [n]: pre-emptive schedule's remaining run times
+    order: np.ndarray  # int64 [n]: jobs by release time
+    load: np.ndarray  # float64 [D]
+    sorted_load: np.ndarray  # float64 [D]
+
+
+def make_work(n: int, D: int) -> Work:
+    nd = lambda: np.zeros((n, D))  # noqa: E731
+    return Work(F=nd(), ready=nd(), Q=nd(), TQ=nd(), r=np.zeros(n), p=np.zeros(n), q=np.zeros(n),
+                rem=np.zeros(n), order=np.zeros(n, np.int64), load=np.zeros(D), sorted_load=np.zeros(D))
 
 
 @njit(cache=True)
@@ -92,8 +98,19 @@ def one_machine_bound(r, p, q, m):
     """Least makespan of ``m`` jobs on one machine with release times ``r``, times ``p``
     and tails ``q`` when jobs may be pre-empted (Jackson's rule: run the released job
     with the longest tail). No non-preemptive schedule ends earlier."""
-    order = np.argsort(r[:m])
-    rem = p[:m].copy()
+    return _one_machine(r, p, q, m, np.empty(m, np.int64), np.empty(m))
+
+
+@njit(cache=True)
+def _one_machine(r, p, q, m, order, rem):
+    """:func:`one_machine_bound` in the caller's scratch arrays ``order`` and ``rem``."""
+    for i in range(m):  # insertion sort by release: a device holds few jobs here
+        j = i
+        while j > 0 and r[order[j - 1]] > r[i]:
+            order[j] = order[j - 1]
+            j -= 1
+        order[j] = i
+        rem[i] = p[i]
     t = r[order[0]]
     i = 0
     left = m
@@ -122,7 +139,6 @@ def one_machine_bound(r, p, q, m):
     return best
 
 
-@njit(cache=True)
 def partial_bound(gdev, ops):
     """Lower bound on the step time of every completion of ``gdev`` (-1 = free group).
 
@@ -135,16 +151,25 @@ def partial_bound(gdev, ops):
     (:func:`one_machine_bound`); and the level the devices' fixed work reaches once the
     free work (each op on its fastest device) is poured over them.
     """
-    T = ops.T
+    return bound_into(gdev, ops, make_work(*ops.T.shape))
+
+
+@njit(cache=True)
+def bound_into(gdev, ops, w):
+    """:func:`partial_bound` in the scratch arrays of ``w`` (a :class:`Work`)."""
+    # fields are read into locals once: numba counts a reference per access of a tuple's
+    # array, which in these loops cost more than the arithmetic
+    T, group, topo, ptr, dst, comm = ops.T, ops.group, ops.topo_order, ops.out_ptr, ops.out_dst, ops.out_comm
     n, D = T.shape
-    F = np.full((n, D), np.inf)
-    ready = np.zeros((n, D))
+    F, ready, load = w.F, w.ready, w.load
+    F[:] = np.inf
+    ready[:] = 0.0
+    load[:] = 0.0
     best = 0.0
-    load = np.zeros(D)
     free_work = 0.0
     for k in range(n):
-        v = ops.topo_order[k]
-        dv = gdev[ops.group[v]]
+        v = topo[k]
+        dv = gdev[group[v]]
         fmin = np.inf
         tmin = np.inf
         for d in range(D):
@@ -158,44 +183,57 @@ def partial_bound(gdev, ops):
         else:
             free_work += tmin
         best = max(best, fmin)
-        for e in range(ops.out_ptr[v], ops.out_ptr[v + 1]):
-            u = ops.out_dst[e]
-            for d in range(D):
-                ready[u, d] = max(ready[u, d], _via(F[v], e, d, ops, False))
+        for e in range(ptr[v], ptr[v + 1]):
+            u = dst[e]
+            for d in range(D):  # the input reaches d from wherever v ends first
+                a = np.inf
+                for d2 in range(D):
+                    a = min(a, F[v, d2] + comm[e, d2, d])
+                ready[u, d] = max(ready[u, d], a)
     # tails, backwards: an edge's successor u is best served on the device that ends
     # it earliest counting its transfer, run time and own tail
-    Q = np.zeros((n, D))
-    TQ = np.full((n, D), np.inf)  # T + Q where an op may go
+    Q, TQ = w.Q, w.TQ
+    Q[:] = 0.0
+    TQ[:] = np.inf  # T + Q where an op may go
     for k in range(n - 1, -1, -1):
-        v = ops.topo_order[k]
+        v = topo[k]
         for d in range(D):
             if not np.isfinite(F[v, d]):
                 continue
             qv = 0.0
-            for e in range(ops.out_ptr[v], ops.out_ptr[v + 1]):
-                qv = max(qv, _via(TQ[ops.out_dst[e]], e, d, ops, True))
+            for e in range(ptr[v], ptr[v + 1]):
+                u = dst[e]
+                a = np.inf
+                for d2 in range(D):
+                    a = min(a, TQ[u, d2] + comm[e, d, d2])
+                qv = max(qv, a)
             Q[v, d] = qv
             TQ[v, d] = T[v, d] + qv
-    r = np.empty(n)
-    p = np.empty(n)
-    q = np.empty(n)
+    r, p, q = w.r, w.p, w.q
     for d in range(D):
         m = 0
         for v in range(n):
-            if gdev[ops.group[v]] == d:
+            if gdev[group[v]] == d:
                 r[m], p[m], q[m] = ready[v, d], T[v, d], Q[v, d]
                 m += 1
         if m > 1:
-            best = max(best, one_machine_bound(r, p, q, m))
-    return max(best, fill_level(load, free_work))
+            best = max(best, _one_machine(r, p, q, m, w.order, w.rem))
+    return max(best, _fill_level(load, free_work, w.sorted_load))
 
 
 @njit(cache=True)
 def fill_level(load, work):
     """The least level L with sum over devices of max(0, L - load) >= ``work``: where
     ``work`` poured over devices already holding ``load`` reaches at least."""
-    s = np.sort(load)
+    return _fill_level(load, work, np.empty(load.shape[0]))
+
+
+@njit(cache=True)
+def _fill_level(load, work, s):
+    """:func:`fill_level` with ``s`` as scratch for the sorted loads."""
     D = s.shape[0]
+    s[:] = load
+    s.sort()
     cum = 0.0
     level = 0.0
     for i in range(D):  # fill the i + 1 emptiest devices until the next one is reached
@@ -244,6 +282,9 @@ class Tree(NamedTuple):
     leaves: np.ndarray  # int32 [batch, G]: complete assignments waiting for the simulator
     leaf_bound: np.ndarray  # float64 [batch]
     count: np.ndarray  # int64 [4]: depth of the path, nodes visited, pruned, leaves waiting
+    work: Work  # the bound's scratch arrays
+    used: np.ndarray  # bool [D]: scratch of expand
+    tried: np.ndarray  # bool [D]
 
 
 def make_tree(problem, gorder, cls, batch: int) -> Tree:
@@ -253,7 +294,8 @@ def make_tree(problem, gorder, cls, batch: int) -> Tree:
         allowed=np.ascontiguousarray(problem.allowed, np.bool_), cls=np.ascontiguousarray(cls, np.int64),
         kid_dev=np.zeros((G, D), np.int64), kid_bound=np.zeros((G, D)), n_kids=np.zeros(G, np.int64),
         next_kid=np.zeros(G, np.int64), leaves=np.zeros((batch, G), np.int32), leaf_bound=np.zeros(batch),
-        count=np.zeros(4, np.int64),
+        count=np.zeros(4, np.int64), work=make_work(problem.graph.n_ops, D), used=np.zeros(D, np.bool_),
+        tried=np.zeros(D, np.bool_),
     )
 
 
@@ -265,11 +307,12 @@ def expand(tree, ops, depth, parent):
     only the first is tried: the others give the same step times."""
     G, D = tree.allowed.shape
     k = tree.gorder[depth]
-    used = np.zeros(D, np.bool_)
+    used, tried = tree.used, tree.tried
+    used[:] = False
+    tried[:] = False
     for x in range(G):
         if tree.gdev[x] >= 0:
             used[tree.gdev[x]] = True
-    tried = np.zeros(D, np.bool_)
     m = 0
     for d in range(D):
         if not tree.allowed[k, d]:
@@ -279,7 +322,7 @@ def expand(tree, ops, depth, parent):
                 continue
             tried[tree.cls[d]] = True
         tree.gdev[k] = d
-        b = max(parent, partial_bound(tree.gdev, ops))
+        b = max(parent, bound_into(tree.gdev, ops, tree.work))
         tree.gdev[k] = -1
         j = m
         while j > 0 and tree.kid_bound[depth, j - 1] > b:
