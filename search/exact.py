@@ -1,8 +1,9 @@
 """``exact``: proven optimal placements of small problems, by branch and bound.
 
-Groups are fixed one at a time (the heaviest first), each to every device it may use;
-a partial assignment is dropped once a lower bound on every completion of it is no
-better than the best placement simulated so far. Complete assignments are scored by
+Groups are fixed one at a time (heavy ones and their neighbours first, see
+:func:`branching_order`), each to every device it may use; a partial assignment is
+dropped once a lower bound on every completion of it is no better than the best
+placement simulated so far. Complete assignments are scored by
 the simulator itself (through the tracker), so "optimal" means optimal for the
 simulator's rules, memory included. Devices that can be swapped without changing
 anything (same op times, memory and links) are interchangeable: only the first unused
@@ -24,8 +25,8 @@ a time budget; the seeding methods alone under an evaluation budget). When the b
 result is the best placement seen with a proven gap: ``metadata["status"]`` is
 ``optimal`` or ``feasible``, ``metadata["bound_us"]`` the proven lower bound and
 ``metadata["gap"]`` = best / bound - 1. Meant for small problems (random 24-group DAGs
-on 3 devices are proven in under a minute, see ``benchmarks/exact.py``): the tree grows as
-devices^groups where the bound does not cut it.
+on 3 devices are proven within 20 s, 28-group ones often, see ``benchmarks/exact.py``):
+the tree grows as devices^groups where the bound does not cut it.
 """
 
 from __future__ import annotations
@@ -373,16 +374,47 @@ def branch(tree, ops, incumbent, max_nodes):
         c[0] += 1
 
 
-def branching_order(problem, ops) -> np.ndarray:
-    """Groups in the order the tree fixes them: the most work first (each op on its
-    fastest device), ties in topological order. Fixing the heavy groups early makes
-    the devices' loads, and so the bounds, tell sooner."""
+def branching_order(problem, ops, affinity: float = 0.5) -> np.ndarray:
+    """Groups in the order the tree fixes them: first the one with the most work (each
+    op on its fastest device), then each time the one with the most work plus
+    ``affinity`` times the transfer time (the slowest link's) of its edges to groups
+    already ordered; ties in topological order. Heavy groups fixed early make the
+    devices' loads tell; neighbours fixed together make their transfers tell.
+
+    >>> from placetool.costmodel import CostModel, presets
+    >>> from placetool.search import Problem
+    >>> p = Problem(CostModel(presets.load_graph("synthetic-40"), presets.load_cluster("k80x2")))
+    >>> order = branching_order(p, make_ops(p))
+    >>> sorted(order.tolist()) == list(range(p.n_groups))
+    True
+    """
     g = problem.graph
-    first = np.full(problem.n_groups, np.iinfo(np.int64).max, np.int64)
+    G = problem.n_groups
+    first = np.full(G, np.iinfo(np.int64).max, np.int64)
     np.minimum.at(first, g.group, g.topo_rank.astype(np.int64))
-    work = np.zeros(problem.n_groups)
+    work = np.zeros(G)
     np.add.at(work, g.group, ops.T.min(axis=1))
-    return np.lexsort((first, -work))
+    # group adjacency (both directions), weighted by transfer time
+    a = g.group[np.repeat(np.arange(g.n_ops), np.diff(ops.out_ptr))]
+    b = g.group[ops.out_dst]
+    c = ops.out_comm.max(axis=(1, 2)) if len(ops.out_dst) else np.zeros(0)
+    keep = a != b
+    src, dst, w = np.concatenate([a[keep], b[keep]]), np.concatenate([b[keep], a[keep]]), np.tile(c[keep], 2)
+    o = np.argsort(src, kind="stable")
+    dst, w = dst[o], w[o]
+    ptr = np.searchsorted(src[o], np.arange(G + 1))
+    rank = np.empty(G, np.int64)
+    rank[np.lexsort((first,))] = np.arange(G)
+    pull = np.zeros(G)
+    left = np.ones(G, bool)
+    order = np.empty(G, np.int64)
+    for i in range(G):
+        s = np.where(left, work + affinity * pull, -np.inf)
+        top = np.flatnonzero(s == s.max())
+        k = top[np.argmin(rank[top])]
+        order[i], left[k] = k, False
+        np.add.at(pull, dst[ptr[k]:ptr[k + 1]], w[ptr[k]:ptr[k + 1]])
+    return order
 
 
 @register("exact", budget=Budget(seconds=60.0))

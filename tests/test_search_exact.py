@@ -11,7 +11,8 @@ import pytest
 
 from placetool.costmodel import CostModel, OpGraph
 from placetool.search import Budget, Problem, run
-from placetool.search.exact import device_classes, fill_level, make_ops, one_machine_bound, partial_bound
+from placetool.search.exact import (branching_order, device_classes, fill_level, make_ops, one_machine_bound,
+                                    partial_bound)
 from tests.helpers import cluster
 
 
@@ -64,6 +65,21 @@ def test_fill_level_by_hand():
     assert fill_level(load, 5.0) == 5.0
     assert fill_level(load, 100.0) == pytest.approx(140.0 / 3)
     assert fill_level(load, 0.0) == 0.0
+
+
+def test_branching_order_by_hand():
+    # a (10 µs) feeds c (5 µs) over a 5 + 100 / 20 = 10 µs transfer; b (6 µs) stands alone
+    g = nx.DiGraph()
+    for v in "abc":
+        g.add_node(v, op_type="Op", out_bytes=100)
+    g.add_edge("a", "c", bytes=100)
+    p = Problem(CostModel(OpGraph.from_networkx(g, "abc"), cluster(2, latency=5.0, bandwidth=20.0, kinds=["gpu"] * 2),
+                          op_times=np.array([[10.0, 10.0], [6.0, 6.0], [5.0, 5.0]])))
+    ops = make_ops(p)
+    ga, gb, gc = (int(p.graph.group[p.graph.names.index(v)]) for v in "abc")
+    # after a, c weighs 5 + 0.5 x 10 = 10 against b's 6; by work alone b comes first
+    assert branching_order(p, ops).tolist() == [ga, gc, gb]
+    assert branching_order(p, ops, affinity=0.0).tolist() == [ga, gb, gc]
 
 
 @pytest.mark.parametrize("seed", range(6))
