@@ -89,9 +89,10 @@ class Work(NamedTuple):
 
 
 def make_work(n: int, D: int) -> Work:
-    nd = lambda: np.zeros((n, D))  # noqa: E731
-    return Work(F=nd(), ready=nd(), Q=nd(), TQ=nd(), r=np.zeros(n), p=np.zeros(n), q=np.zeros(n),
-                rem=np.zeros(n), order=np.zeros(n, np.int64), load=np.zeros(D), sorted_load=np.zeros(D))
+    """Scratch arrays for bounds on a problem of ``n`` ops and ``D`` devices."""
+    return Work(F=np.zeros((n, D)), ready=np.zeros((n, D)), Q=np.zeros((n, D)), TQ=np.zeros((n, D)),
+                r=np.zeros(n), p=np.zeros(n), q=np.zeros(n), rem=np.zeros(n), order=np.zeros(n, np.int64),
+                load=np.zeros(D), sorted_load=np.zeros(D))
 
 
 @njit(cache=True)
@@ -158,8 +159,6 @@ def partial_bound(gdev, ops):
 @njit(cache=True)
 def bound_into(gdev, ops, w):
     """:func:`partial_bound` in the scratch arrays of ``w`` (a :class:`Work`)."""
-    # fields are read into locals once: numba counts a reference per access of a tuple's
-    # array, which in these loops cost more than the arithmetic
     T, group, topo, ptr, dst, comm = ops.T, ops.group, ops.topo_order, ops.out_ptr, ops.out_dst, ops.out_comm
     n, D = T.shape
     F, ready, load = w.F, w.ready, w.load
@@ -403,15 +402,13 @@ def branching_order(problem, ops, affinity: float = 0.5) -> np.ndarray:
     o = np.argsort(src, kind="stable")
     dst, w = dst[o], w[o]
     ptr = np.searchsorted(src[o], np.arange(G + 1))
-    rank = np.empty(G, np.int64)
-    rank[np.lexsort((first,))] = np.arange(G)
     pull = np.zeros(G)
     left = np.ones(G, bool)
     order = np.empty(G, np.int64)
     for i in range(G):
         s = np.where(left, work + affinity * pull, -np.inf)
         top = np.flatnonzero(s == s.max())
-        k = top[np.argmin(rank[top])]
+        k = top[np.argmin(first[top])]
         order[i], left[k] = k, False
         np.add.at(pull, dst[ptr[k]:ptr[k + 1]], w[ptr[k]:ptr[k + 1]])
     return order
