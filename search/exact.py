@@ -3,11 +3,11 @@
 Groups are fixed one at a time (heavy ones and their neighbours first, see
 :func:`branching_order`), each to every device it may use; a partial assignment is
 dropped once a lower bound on every completion of it is no better than the best
-placement simulated so far. Complete assignments are scored by
-the simulator itself (through the tracker), so "optimal" means optimal for the
-simulator's rules, memory included. Devices that can be swapped without changing
-anything (same op times, memory and links) are interchangeable: only the first unused
-one of a class is tried, which removes their permutations.
+placement simulated so far. Complete assignments are scored by the simulator itself
+(through the tracker), so "optimal" means optimal for the simulator's rules, memory
+included. Devices that can be swapped without changing anything (same op times, memory
+and links) are interchangeable: only the first unused one of a class is tried, which
+removes their permutations.
 
 The bound of a partial assignment (:func:`partial_bound`) is the largest of: the
 problem's lower bound (:mod:`placetool.search.bounds`); the earliest the last op can end

@@ -13,7 +13,7 @@ from placetool.costmodel import CostModel, OpGraph
 from placetool.search import Budget, Problem, run
 from placetool.search.exact import (branching_order, device_classes, fill_level, make_ops, one_machine_bound,
                                     partial_bound)
-from tests.helpers import cluster
+from tests.helpers import cluster, nxgraph
 
 
 def random_problem(n: int, devices: int, seed: int, latency=5.0, bandwidth=20.0, hetero=False) -> Problem:
@@ -69,14 +69,11 @@ def test_fill_level_by_hand():
 
 def test_branching_order_by_hand():
     # a (10 µs) feeds c (5 µs) over a 5 + 100 / 20 = 10 µs transfer; b (6 µs) stands alone
-    g = nx.DiGraph()
-    for v in "abc":
-        g.add_node(v, op_type="Op", out_bytes=100)
-    g.add_edge("a", "c", bytes=100)
-    p = Problem(CostModel(OpGraph.from_networkx(g, "abc"), cluster(2, latency=5.0, bandwidth=20.0, kinds=["gpu"] * 2),
+    g = OpGraph.from_networkx(nxgraph({v: 100 for v in "abc"}, [("a", "c", {"bytes": 100})], name="abc"))
+    p = Problem(CostModel(g, cluster(2, latency=5.0, bandwidth=20.0, kinds=["gpu"] * 2),
                           op_times=np.array([[10.0, 10.0], [6.0, 6.0], [5.0, 5.0]])))
     ops = make_ops(p)
-    ga, gb, gc = (int(p.graph.group[p.graph.names.index(v)]) for v in "abc")
+    ga, gb, gc = (int(g.group[g.index[v]]) for v in "abc")
     # after a, c weighs 5 + 0.5 x 10 = 10 against b's 6; by work alone b comes first
     assert branching_order(p, ops).tolist() == [ga, gc, gb]
     assert branching_order(p, ops, affinity=0.0).tolist() == [ga, gb, gc]
