@@ -3,6 +3,7 @@
     python benchmarks/exact.py                                  # 16-28 groups, 3 devices, seeds 0-2, 60 s
     python benchmarks/exact.py --sizes 24,28,32 --seeds 0 --seconds 30
     python benchmarks/exact.py --searchers sa:5000,rl:5000      # NAME:EVALUATIONS, "" for none
+    python benchmarks/exact.py --probe-depth 0                  # groups in fixed order, no probing
     python benchmarks/exact.py --json
 
 Instances are the tests' random DAGs (``tests/test_search_exact.py::random_problem``):
@@ -36,10 +37,10 @@ def parse_searchers(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def row(n: int, devices: int, seed: int, seconds: float, searchers) -> dict:
+def row(n: int, devices: int, seed: int, seconds: float, searchers, probe_depth=None) -> dict:
     p = random_problem(n, devices, seed, latency=5.0, bandwidth=20.0, hetero=True)
     t = time.perf_counter()
-    ex = run("exact", p, Budget(seconds=seconds), seed=0, incumbent_share=0.05)
+    ex = run("exact", p, Budget(seconds=seconds), seed=0, incumbent_share=0.05, probe_depth=probe_depth)
     m = ex.metadata
     out = {"groups": n, "devices": devices, "seed": seed, "status": m["status"], "seconds": time.perf_counter() - t,
            "nodes": m["nodes"], "leaves": m["leaves"], "gap": m["gap"], "best_us": ex.step_time_us,
@@ -57,13 +58,15 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--seconds", type=float, default=60.0, help="exact's time limit per instance")
     ap.add_argument("--searchers", default="sa:5000,tpe:300,rl:5000")
+    ap.add_argument("--probe-depth", type=int, default=None,
+                    help="tree levels that try every free group first (default: all; 0: fixed order)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     searchers = parse_searchers(a.searchers)
     rows = []
     for n in map(int, a.sizes.split(",")):
         for s in map(int, a.seeds.split(",")):
-            rows.append(row(n, a.devices, s, a.seconds, searchers))
+            rows.append(row(n, a.devices, s, a.seconds, searchers, a.probe_depth))
             if not a.json:
                 r = rows[-1]
                 ratios = "  ".join(f"{k} {v:.3f}" for k, v in r["searchers"].items())

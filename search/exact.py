@@ -1,9 +1,12 @@
 """``exact``: proven optimal placements of small problems, by branch and bound.
 
-Groups are fixed one at a time (heavy ones and their neighbours first, see
-:func:`branching_order`), each to every device it may use; a partial assignment is
-dropped once a lower bound on every completion of it is no better than the best
-placement simulated so far. Complete assignments are scored by the simulator itself
+Groups are fixed one at a time, each to every device it may still use; a partial
+assignment is dropped once a lower bound on every completion of it is no better than the
+best placement simulated so far. Each node first tries every free group on every device
+(probing, :func:`expand`): devices that cannot win leave the group's domain for the
+whole subtree, and the group with the fewest devices left is fixed next (fail first).
+Below ``probe_depth`` levels groups are fixed in the order of :func:`branching_order`
+(heavy groups and their neighbours first). Complete assignments are scored by the simulator itself
 (through the tracker), so "optimal" means optimal for the simulator's rules, memory
 included. Devices that can be swapped without changing anything (same op times, memory
 and links) are interchangeable: only the first unused one of a class is tried, which
@@ -25,7 +28,7 @@ a time budget; the seeding methods alone under an evaluation budget). When the b
 result is the best placement seen with a proven gap: ``metadata["status"]`` is
 ``optimal`` or ``feasible``, ``metadata["bound_us"]`` the proven lower bound and
 ``metadata["gap"]`` = best / bound - 1. Meant for small problems (random 24-group DAGs
-on 3 devices are proven within 20 s, 28-group ones often, see ``benchmarks/exact.py``):
+on 3 devices are proven within 10 s, 28-group ones often, see ``benchmarks/exact.py``):
 the tree grows as devices^groups where the bound does not cut it.
 """
 
@@ -273,6 +276,10 @@ class Tree(NamedTuple):
 
     gdev: np.ndarray  # int64 [G]: device of each group, -1 while free
     gorder: np.ndarray  # int64 [G]: group fixed at each depth
+    static: np.ndarray  # int64 [G]: the order groups are fixed in below the probed depths
+    dom: np.ndarray  # bool [G + 1, G, D]: devices each group may still take, per depth on the path
+    probe: np.ndarray  # float64 [G, D]: scratch of expand, bounds of one-group extensions
+    probe_depth: int
     allowed: np.ndarray  # bool [G, D]
     cls: np.ndarray  # int64 [D]: device class (see :func:`device_classes`)
     kid_dev: np.ndarray  # int64 [G, D]: children of each depth on the path, best bound first
@@ -287,10 +294,12 @@ class Tree(NamedTuple):
     tried: np.ndarray  # bool [D]
 
 
-def make_tree(problem, gorder, cls, batch: int) -> Tree:
+def make_tree(problem, gorder, cls, batch: int, probe_depth: int | None = None) -> Tree:
     G, D = problem.n_groups, problem.n_devices
     return Tree(
-        gdev=np.full(G, -1, np.int64), gorder=np.ascontiguousarray(gorder, np.int64),
+        gdev=np.full(G, -1, np.int64), gorder=np.ascontiguousarray(gorder, np.int64).copy(),
+        static=np.ascontiguousarray(gorder, np.int64), dom=np.repeat(np.asarray(problem.allowed, np.bool_)[None], G + 1, 0),
+        probe=np.zeros((G, D)), probe_depth=G if probe_depth is None else probe_depth,
         allowed=np.ascontiguousarray(problem.allowed, np.bool_), cls=np.ascontiguousarray(cls, np.int64),
         kid_dev=np.zeros((G, D), np.int64), kid_bound=np.zeros((G, D)), n_kids=np.zeros(G, np.int64),
         next_kid=np.zeros(G, np.int64), leaves=np.zeros((batch, G), np.int32), leaf_bound=np.zeros(batch),
@@ -300,30 +309,81 @@ def make_tree(problem, gorder, cls, batch: int) -> Tree:
 
 
 @njit(cache=True)
-def expand(tree, ops, depth, parent):
-    """Bound the children of the path at ``depth`` (its group on each device it may
-    use; no child below ``parent``, the path's own bound) and keep them sorted by
-    (bound, device). Of a device class's unused devices
-    only the first is tried: the others give the same step times."""
+def expand(tree, ops, depth, parent, incumbent):
+    """Choose the group the node at ``depth`` fixes and bound its children (the group on
+    each device it may still take; no child below ``parent``, the path's own bound),
+    sorted by (bound, device). Of a device class's unused devices only the first is
+    tried: the others give the same step times.
+
+    Above ``tree.probe_depth`` every free group is tried on every device it may take:
+    a device whose bound reaches ``incumbent`` leaves that group's domain for the whole
+    subtree, a group left without devices kills the node, the least bound of each group
+    bounds every child, and the group with the fewest devices left is fixed (ties: the
+    highest least bound). Below, groups are fixed in ``tree.static`` order."""
     G, D = tree.allowed.shape
-    k = tree.gorder[depth]
-    used, tried = tree.used, tree.tried
+    used, tried, dom, kb, gdev, cls = tree.used, tree.tried, tree.dom[depth], tree.probe, tree.gdev, tree.cls
     used[:] = False
-    tried[:] = False
     for x in range(G):
-        if tree.gdev[x] >= 0:
-            used[tree.gdev[x]] = True
+        if gdev[x] >= 0:
+            used[gdev[x]] = True
+    cut = incumbent * (1 - 1e-12)
+    floor = parent
+    k = -1
+    if depth < tree.probe_depth:
+        fewest = D + 1
+        high = -np.inf
+        for g in range(G):
+            if gdev[g] >= 0:
+                continue
+            tried[:] = False
+            left = 0
+            low = np.inf
+            for d in range(D):
+                if not dom[g, d]:
+                    continue
+                if not used[d]:
+                    if tried[cls[d]]:
+                        continue
+                    tried[cls[d]] = True
+                gdev[g] = d
+                b = max(parent, bound_into(gdev, ops, tree.work))
+                gdev[g] = -1
+                kb[g, d] = b
+                if b >= cut:  # no completion with g on d (or on an unused twin of d) can win
+                    for d2 in range(D):
+                        if d2 == d or (not used[d] and not used[d2] and cls[d2] == cls[d]):
+                            dom[g, d2] = False
+                else:
+                    left += 1
+                    low = min(low, b)
+            if left == 0:
+                tree.n_kids[depth] = 0
+                tree.next_kid[depth] = 0
+                return
+            floor = max(floor, low)
+            if left < fewest or (left == fewest and low > high):
+                k, fewest, high = g, left, low
+    else:
+        for i in range(G):
+            if gdev[tree.static[i]] < 0:
+                k = tree.static[i]
+                break
+    tree.gorder[depth] = k
+    tried[:] = False
     m = 0
     for d in range(D):
-        if not tree.allowed[k, d]:
+        if not dom[k, d]:
             continue
         if not used[d]:
-            if tried[tree.cls[d]]:
+            if tried[cls[d]]:
                 continue
-            tried[tree.cls[d]] = True
-        tree.gdev[k] = d
-        b = max(parent, bound_into(tree.gdev, ops, tree.work))
-        tree.gdev[k] = -1
+            tried[cls[d]] = True
+        if depth < tree.probe_depth:
+            b = max(floor, kb[k, d])
+        else:
+            gdev[k] = d
+            b = max(parent, bound_into(gdev, ops, tree.work))
+            gdev[k] = -1
         j = m
         while j > 0 and tree.kid_bound[depth, j - 1] > b:
             tree.kid_bound[depth, j] = tree.kid_bound[depth, j - 1]
@@ -369,7 +429,8 @@ def branch(tree, ops, incumbent, max_nodes):
             c[3] += 1
             tree.gdev[k] = -1
             continue
-        expand(tree, ops, depth + 1, b)
+        tree.dom[depth + 1] = tree.dom[depth]
+        expand(tree, ops, depth + 1, b, incumbent)
         c[0] += 1
 
 
@@ -416,8 +477,10 @@ def branching_order(problem, ops, affinity: float = 0.5) -> np.ndarray:
 
 @register("exact", budget=Budget(seconds=60.0))
 def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, incumbent_share: float = 0.2,
-          chunk: int = 4096):
-    """Branch and bound over group assignments: optimal, or the best with a proven gap."""
+          chunk: int = 4096, probe_depth: int | None = None):
+    """Branch and bound over group assignments: optimal, or the best with a proven gap.
+    ``probe_depth``: how many levels of the tree try every free group before choosing
+    one (see :func:`expand`); None = all, 0 = fixed order only."""
     G = problem.n_groups
     meta = {"status": "feasible", "nodes": 0, "pruned": 0, "leaves": 0}
     # a good first incumbent prunes most of the tree: the seeding methods, then (under a
@@ -436,12 +499,12 @@ def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, inc
     ops = make_ops(problem)
     root = problem.lower_bound_us()
     cls = device_classes(problem)
-    tree = make_tree(problem, branching_order(problem, ops), cls, leaf_batch)
+    tree = make_tree(problem, branching_order(problem, ops), cls, leaf_batch, probe_depth)
     c = tree.count
     unscored = np.zeros(0)  # bounds of leaves the budget left unsimulated
     try:
         if G:
-            expand(tree, ops, 0, root)  # every bound below is at least the root's
+            expand(tree, ops, 0, root, inc)  # every bound below is at least the root's
             c[0] = 1
         while True:
             branch(tree, ops, inc, chunk)

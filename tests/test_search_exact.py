@@ -50,6 +50,17 @@ def test_exact_matches_brute_force(seed, hetero):
     assert r.metadata["bound_us"] <= r.step_time_us + 1e-9
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_probing_keeps_the_optimum(seed):
+    # probing only drops devices that cannot win: fixed order, probing the top three
+    # levels and probing all of them prove the same step time as brute force
+    p = random_problem(10, 3, seed, hetero=True)
+    runs = {d: run("exact", p, Budget(seconds=60), seed=0, incumbent_share=0.02, probe_depth=d)
+            for d in (0, 3, None)}
+    assert all(r.metadata["status"] == "optimal" for r in runs.values())
+    assert runs[0].step_time_us == runs[3].step_time_us == runs[None].step_time_us == brute_force(p)
+
+
 def test_one_machine_bound_by_hand():
     # job 0 (released 0, 4 µs, tail 1) is pre-empted at 1 by job 1 (2 µs, tail 5):
     # job 1 ends at 3 (+5 = 8), job 0 at 6 (+1 = 7); no order ends before 8
