@@ -109,17 +109,25 @@ def one_machine_bound(r, p, q, m):
 @njit(cache=True)
 def _one_machine(r, p, q, m, order, rem):
     """:func:`one_machine_bound` in the caller's scratch arrays ``order`` and ``rem``."""
+    best = 0.0
+    n = 0
     for i in range(m):  # insertion sort by release: a device holds few jobs here
-        j = i
+        if p[i] <= 0.0:  # done the moment it is released, in no one's way
+            best = max(best, r[i] + q[i])
+            continue
+        j = n
         while j > 0 and r[order[j - 1]] > r[i]:
             order[j] = order[j - 1]
             j -= 1
         order[j] = i
         rem[i] = p[i]
+        n += 1
+    if n == 0:
+        return best
+    m = n
     t = r[order[0]]
     i = 0
     left = m
-    best = 0.0
     while left > 0:
         while i < m and r[order[i]] <= t:
             i += 1

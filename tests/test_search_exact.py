@@ -68,6 +68,8 @@ def test_one_machine_bound_by_hand():
     assert one_machine_bound(r, p, q, 2) == 8.0
     # one job: its release, run time and tail
     assert one_machine_bound(np.array([3.0]), np.array([2.0]), np.array([1.0]), 1) == 6.0
+    # a zero-length job ends at its release (0 + tail 5); the 2 µs job ends at 3 + 0
+    assert one_machine_bound(np.array([0.0, 1.0]), np.array([0.0, 2.0]), np.array([5.0, 0.0]), 2) == 5.0
 
 
 def test_fill_level_by_hand():
