@@ -17,9 +17,10 @@ problem's lower bound (:mod:`placetool.search.bounds`); the earliest the last op
 with unlimited devices, fixed ops on their devices, free ops on whichever device ends
 them first, and every transfer between devices paying latency + bytes / bandwidth; each
 device's fixed ops as one machine with those earliest starts and the least time after
-each op to the end of the step (pre-emptive, so a bound); and the level all work reaches
-when the free work is poured over the devices' fixed work. Each ignores queueing, so
-completions can only be slower. Complete assignments are bounded too, and only those
+each op to the end of the step (pre-emptive, so a bound); each directed link the same
+way, its jobs the tensors fixed ops send to fixed consumers across it; and the level all
+work reaches when the free work is poured over the devices' fixed work. Each relaxes the
+simulator's rules, so completions can only be slower. Complete assignments are bounded too, and only those
 below the incumbent are simulated. The tree is walked by compiled code (:func:`branch`)
 that hands back batches of leaves for the simulator.
 
@@ -27,8 +28,8 @@ The search starts from the best placement of a short ``sa`` run (``incumbent_sha
 a time budget; the seeding methods alone under an evaluation budget). When the budget ends first the
 result is the best placement seen with a proven gap: ``metadata["status"]`` is
 ``optimal`` or ``feasible``, ``metadata["bound_us"]`` the proven lower bound and
-``metadata["gap"]`` = best / bound - 1. Meant for small problems (random 24-group DAGs
-on 3 devices are proven within 10 s, 28-group ones often, see ``benchmarks/exact.py``):
+``metadata["gap"]`` = best / bound - 1. Meant for small problems (random 28-group DAGs
+on 3 devices are proven within 10 s, 32-group ones within 30 s, see ``benchmarks/exact.py``):
 the tree grows as devices^groups where the bound does not cut it.
 """
 
@@ -161,8 +162,11 @@ def partial_bound(gdev, ops):
     ``Q[v, d]``, the least time from v ending on d to the end of the step, the same
     programme backwards. The bound is the largest of: the latest op's earliest end; for
     each device, its fixed ops as one machine with those heads and tails
-    (:func:`one_machine_bound`); and the level the devices' fixed work reaches once the
-    free work (each op on its fastest device) is poured over them.
+    (:func:`one_machine_bound`); for each directed link, as one machine, the transfers
+    between fixed ops across it (per producer one job: released at the producer's
+    earliest end, its shortest transfer there, its consumers' longest run time + tail),
+    since a link carries one transfer at a time; and the level the devices' fixed work
+    reaches once the free work (each op on its fastest device) is poured over them.
     """
     return bound_into(gdev, ops, make_work(*ops.T.shape))
 
@@ -229,6 +233,29 @@ def bound_into(gdev, ops, w):
                 m += 1
         if m > 1:
             best = max(best, _one_machine(r, p, q, m, w.order, w.rem))
+    # each directed link as one machine too: its jobs are the tensors a fixed op sends to
+    # fixed consumers on the other end (one job per producer, its shortest transfer, the
+    # longest tail of its consumers there), released when the producer can end first
+    for a in range(D):
+        for b in range(D):
+            if a == b:
+                continue
+            m = 0
+            for v in range(n):
+                if gdev[group[v]] != a:
+                    continue
+                pj = np.inf
+                qj = 0.0
+                for e in range(ptr[v], ptr[v + 1]):
+                    u = dst[e]
+                    if gdev[group[u]] == b and comm[e, a, b] > 0:
+                        pj = min(pj, comm[e, a, b])
+                        qj = max(qj, TQ[u, b])
+                if pj < np.inf:
+                    r[m], p[m], q[m] = F[v, a], pj, qj
+                    m += 1
+            if m > 1:
+                best = max(best, _one_machine(r, p, q, m, w.order, w.rem))
     return max(best, _fill_level(load, free_work, w.sorted_load))
 
 

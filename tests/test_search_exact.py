@@ -8,12 +8,14 @@ import itertools
 import networkx as nx
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from placetool.costmodel import CostModel, OpGraph
 from placetool.search import Budget, Problem, run
 from placetool.search.exact import (branching_order, device_classes, fill_level, make_ops, one_machine_bound,
                                     partial_bound)
-from tests.helpers import cluster, nxgraph
+from tests.helpers import cluster, cost_models, nxgraph
 
 
 def random_problem(n: int, devices: int, seed: int, latency=5.0, bandwidth=20.0, hetero=False) -> Problem:
@@ -106,6 +108,41 @@ def test_partial_bound_never_exceeds_a_completion(seed):
         fixed = gdev >= 0
         best = step[(A[:, fixed] == gdev[fixed]).all(axis=1)].min()
         assert partial_bound(gdev.astype(np.int64), ops) <= best + 1e-9
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cost_models(max_ops=6, max_devices=3), st.integers(0, 2**31))
+def test_partial_bound_is_a_bound_on_any_graph(cm, seed):
+    # groups, multi-output ops, control edges and send/receive costs: no partial
+    # assignment is bounded above its best simulated completion
+    p = Problem(cm)
+    G, D = p.n_groups, p.n_devices
+    A = np.array(list(itertools.product(range(D), repeat=G)), np.int32)
+    step = cm.simulate_batch(A).step_time_us
+    ops = make_ops(p)
+    rng = np.random.default_rng(seed)
+    for _ in range(10):
+        gdev = rng.integers(0, D, size=G)
+        gdev[rng.random(G) < 0.3] = -1
+        fixed = gdev >= 0
+        best = step[(A[:, fixed] == gdev[fixed]).all(axis=1)].min()
+        assert partial_bound(gdev.astype(np.int64), ops) <= best + 1e-9
+
+
+def test_link_bound_by_hand():
+    # a and b (1 µs each) on device 0 each send 1,000 bytes (5 + 1000 / 20 = 55 µs) to c
+    # and d (1 µs) on device 1: the link carries 110 µs of transfers from t = 1, so d ends
+    # no earlier than 1 + 55 + 55 + 1 = 112, the simulated step; without the link as a
+    # machine the bound would be 58 (device 0: 2 µs of work, then 55 + 1)
+    g = OpGraph.from_networkx(nxgraph({v: 1000 for v in "abcd"}, [("a", "c", {"bytes": 1000}),
+                                                                  ("b", "d", {"bytes": 1000})], name="link"))
+    p = Problem(CostModel(g, cluster(2, latency=5.0, bandwidth=20.0, kinds=["gpu"] * 2),
+                          op_times=np.ones((4, 2))))
+    gdev = np.zeros(p.n_groups, np.int64)
+    for v in "cd":
+        gdev[g.group[g.index[v]]] = 1
+    assert partial_bound(gdev, make_ops(p)) == 112.0
+    assert p.cost_model.simulate(gdev[g.group].astype(np.int32)).step_time_us == 112.0
 
 
 def test_identical_devices_are_one_class_and_a_faster_one_is_not():
