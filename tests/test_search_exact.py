@@ -175,10 +175,11 @@ def test_exact_reports_a_gap_when_the_budget_ends_first():
         assert m["gap"] == pytest.approx(r.step_time_us / m["bound_us"] - 1)
 
 
-INSTANCES = [(12, 3, 0), (16, 2, 1), (16, 3, 4), (24, 3, 0)]
+INSTANCES = [(12, 3, 0), (16, 2, 1), (16, 3, 4), (24, 3, 0), (28, 3, 0)]
 #: where a searcher stops above the optimum at these budgets (seed 0)
 SHORT = {("tpe", (16, 3, 4)): "tpe stops 10% above the optimum at 300 trials here",
          ("tpe", (24, 3, 0)): "tpe stops 9% above the optimum at 300 trials here",
+         ("tpe", (28, 3, 0)): "tpe stops 7% above the optimum at 300 trials here",
          ("rl", (16, 3, 4)): "rl stops 8.6% above the optimum here, even at 20,000 samples"}
 
 
