@@ -248,6 +248,13 @@ def _print_human(g, cl, obj, baselines, out) -> None:
     if meta.get("source"):  # where the best placement came from, when the method says
         vs = meta.get("vs_warm_start")
         click.echo(f"source      {meta['source']}" + (f" ({vs:.3f}x the warm start)" if vs else ""))
+    if meta.get("status") in ("optimal", "feasible") and meta.get("bound_us"):  # exact's proof
+        if meta["status"] == "optimal":
+            proof = "optimal (no placement is faster)"
+        else:
+            gap = f" (gap {meta['gap']:.1%})" if meta.get("gap") is not None else ""
+            proof = f"not finished: no placement is below {fmt_us(meta['bound_us'])}{gap}"
+        click.echo(f"proof       {proof}")
     click.echo("devices     " + ", ".join(f"{n}: {c} ops" for n, c in obj["ops_per_device"].items() if c))
     for b, r in baselines.items():
         rel = f"{r['step_time_us'] / step:.2f}x ours" if step > 0 and np.isfinite(step) else ""

@@ -41,6 +41,15 @@ def test_human_output_with_compare(capsys):
     assert "step time" in stdout and "single" in stdout and "expert" in stdout
 
 
+def test_exact_says_whether_it_proved_the_optimum(capsys):
+    code, stdout, _ = call(["search", "-g", "synthetic-12", "-c", "k80x2", "-m", "exact", "--budget-seconds", "5"],
+                           capsys)
+    assert code == 0 and "proof       optimal" in stdout
+    code, stdout, _ = call(["search", "-g", "synthetic-100", "-c", "k80x2", "-m", "exact", "--budget-evals", "50"],
+                           capsys)
+    assert code == 0 and "proof       not finished: no placement is below" in stdout and "gap" in stdout
+
+
 def test_list_methods(capsys):
     code, stdout, _ = call(["search", "--list"], capsys)
     assert code == 0
