@@ -1,6 +1,6 @@
 """Proven optima: how large a problem ``exact`` proves, and how far the searchers stop from it.
 
-    python benchmarks/exact.py                                  # 16-28 groups, 3 devices, seeds 0-2, 60 s
+    python benchmarks/exact.py                                  # 16-32 groups, 3 devices, seeds 0-2, 60 s
     python benchmarks/exact.py --sizes 24,28,32 --seeds 0 --seconds 30
     python benchmarks/exact.py --searchers sa:5000,rl:5000      # NAME:EVALUATIONS, "" for none
     python benchmarks/exact.py --probe-depth 0                  # groups in fixed order, no probing
@@ -53,7 +53,7 @@ def row(n: int, devices: int, seed: int, seconds: float, searchers, probe_depth=
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="16,20,24,28", help="groups per instance, comma-separated")
+    ap.add_argument("--sizes", default="16,20,24,28,32", help="groups per instance, comma-separated")
     ap.add_argument("--devices", type=int, default=3)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--seconds", type=float, default=60.0, help="exact's time limit per instance")
