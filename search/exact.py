@@ -5,12 +5,13 @@ assignment is dropped once a lower bound on every completion of it is no better 
 best placement simulated so far. Each node first tries every free group on every device
 (probing, :func:`expand`): devices that cannot win leave the group's domain for the
 whole subtree, and the group with the fewest devices left is fixed next (fail first).
-Below ``probe_depth`` levels groups are fixed in the order of :func:`branching_order`
-(heavy groups and their neighbours first). Complete assignments are scored by the simulator itself
-(through the tracker), so "optimal" means optimal for the simulator's rules, memory
-included. Devices that can be swapped without changing anything (same op times, memory
-and links) are interchangeable: only the first unused one of a class is tried, which
-removes their permutations.
+Below ``probe_depth`` levels, and on problems of more than :data:`PROBE_GROUPS` groups,
+groups are fixed in the order of :func:`branching_order` (heavy groups and their
+neighbours first). Complete assignments are scored by the simulator itself (through the
+tracker), so "optimal" means optimal for the simulator's rules, memory included. Devices
+that can be swapped without changing anything (same op times, memory and links) are
+interchangeable: only the first unused one of a class is tried, which removes their
+permutations.
 
 The bound of a partial assignment (:func:`partial_bound`) is the largest of: the
 problem's lower bound (:mod:`placetool.search.bounds`); the earliest the last op can end
@@ -20,9 +21,9 @@ device's fixed ops as one machine with those earliest starts and the least time 
 each op to the end of the step (pre-emptive, so a bound); each directed link the same
 way, its jobs the tensors fixed ops send to fixed consumers across it; and the level all
 work reaches when the free work is poured over the devices' fixed work. Each relaxes the
-simulator's rules, so completions can only be slower. Complete assignments are bounded too, and only those
-below the incumbent are simulated. The tree is walked by compiled code (:func:`branch`)
-that hands back batches of leaves for the simulator.
+simulator's rules, so completions can only be slower. Complete assignments are bounded
+too, and only those below the incumbent are simulated. The tree is walked by compiled
+code (:func:`branch`) that hands back batches of leaves for the simulator.
 
 The search starts from the best placement of a short ``sa`` run (``incumbent_share`` of
 a time budget; the seeding methods alone under an evaluation budget). When the budget ends first the
@@ -312,9 +313,9 @@ class Tree(NamedTuple):
     gdev: np.ndarray  # int64 [G]: device of each group, -1 while free
     gorder: np.ndarray  # int64 [G]: group fixed at each depth
     static: np.ndarray  # int64 [G]: the order groups are fixed in below the probed depths
-    dom: np.ndarray  # bool [G + 1, G, D]: devices each group may still take, per depth on the path
+    dom: np.ndarray  # bool [P + 1, G, D]: devices each group may still take, per probed depth
     probe: np.ndarray  # float64 [G, D]: scratch of expand, bounds of one-group extensions
-    probe_depth: int
+    probe_depth: int  # P: levels probed (no domain shrinks below them)
     allowed: np.ndarray  # bool [G, D]
     cls: np.ndarray  # int64 [D]: device class (see :func:`device_classes`)
     kid_dev: np.ndarray  # int64 [G, D]: children of each depth on the path, best bound first
@@ -329,12 +330,19 @@ class Tree(NamedTuple):
     tried: np.ndarray  # bool [D]
 
 
+#: problems with more groups are not probed by default: a probe costs groups x devices
+#: bounds per node, each over the whole graph
+PROBE_GROUPS = 64
+
+
 def make_tree(problem, gorder, cls, batch: int, probe_depth: int | None = None) -> Tree:
     G, D = problem.n_groups, problem.n_devices
+    P = min(G, (G if G <= PROBE_GROUPS else 0) if probe_depth is None else max(0, probe_depth))
     return Tree(
         gdev=np.full(G, -1, np.int64), gorder=np.ascontiguousarray(gorder, np.int64).copy(),
-        static=np.ascontiguousarray(gorder, np.int64), dom=np.repeat(np.asarray(problem.allowed, np.bool_)[None], G + 1, 0),
-        probe=np.zeros((G, D)), probe_depth=G if probe_depth is None else probe_depth,
+        static=np.ascontiguousarray(gorder, np.int64),
+        dom=np.repeat(np.asarray(problem.allowed, np.bool_)[None], P + 1, 0),
+        probe=np.zeros((G, D)), probe_depth=P,
         allowed=np.ascontiguousarray(problem.allowed, np.bool_), cls=np.ascontiguousarray(cls, np.int64),
         kid_dev=np.zeros((G, D), np.int64), kid_bound=np.zeros((G, D)), n_kids=np.zeros(G, np.int64),
         next_kid=np.zeros(G, np.int64), leaves=np.zeros((batch, G), np.int32), leaf_bound=np.zeros(batch),
@@ -356,7 +364,9 @@ def expand(tree, ops, depth, parent, incumbent):
     bounds every child, and the group with the fewest devices left is fixed (ties: the
     highest least bound). Below, groups are fixed in ``tree.static`` order."""
     G, D = tree.allowed.shape
-    used, tried, dom, kb, gdev, cls = tree.used, tree.tried, tree.dom[depth], tree.probe, tree.gdev, tree.cls
+    P = tree.probe_depth
+    used, tried, kb, gdev, cls = tree.used, tree.tried, tree.probe, tree.gdev, tree.cls
+    dom = tree.dom[min(depth, P)]  # below the probed levels the domains stay as they were there
     used[:] = False
     for x in range(G):
         if gdev[x] >= 0:
@@ -364,7 +374,7 @@ def expand(tree, ops, depth, parent, incumbent):
     cut = incumbent * (1 - 1e-12)
     floor = parent
     k = -1
-    if depth < tree.probe_depth:
+    if depth < P:
         fewest = D + 1
         high = -np.inf
         for g in range(G):
@@ -413,7 +423,7 @@ def expand(tree, ops, depth, parent, incumbent):
             if tried[cls[d]]:
                 continue
             tried[cls[d]] = True
-        if depth < tree.probe_depth:
+        if depth < P:
             b = max(floor, kb[k, d])
         else:
             gdev[k] = d
@@ -464,7 +474,8 @@ def branch(tree, ops, incumbent, max_nodes):
             c[3] += 1
             tree.gdev[k] = -1
             continue
-        tree.dom[depth + 1] = tree.dom[depth]
+        if depth < tree.probe_depth:
+            tree.dom[depth + 1] = tree.dom[depth]
         expand(tree, ops, depth + 1, b, incumbent)
         c[0] += 1
 
@@ -515,7 +526,8 @@ def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, inc
           chunk: int = 4096, probe_depth: int | None = None):
     """Branch and bound over group assignments: optimal, or the best with a proven gap.
     ``probe_depth``: how many levels of the tree try every free group before choosing
-    one (see :func:`expand`); None = all, 0 = fixed order only."""
+    one (see :func:`expand`); None = all of them on problems of up to
+    :data:`PROBE_GROUPS` groups, none on larger ones; 0 = fixed order only."""
     G = problem.n_groups
     meta = {"status": "feasible", "nodes": 0, "pruned": 0, "leaves": 0}
     # a good first incumbent prunes most of the tree: the seeding methods, then (under a

@@ -42,7 +42,7 @@ def test_human_output_with_compare(capsys):
 
 
 def test_exact_says_whether_it_proved_the_optimum(capsys):
-    code, stdout, _ = call(["search", "-g", "synthetic-12", "-c", "k80x2", "-m", "exact", "--budget-seconds", "5"],
+    code, stdout, _ = call(["search", "-g", "synthetic-12", "-c", "k80x2", "-m", "exact", "--budget-evals", "100000"],
                            capsys)
     assert code == 0 and "proof       optimal" in stdout
     code, stdout, _ = call(["search", "-g", "synthetic-100", "-c", "k80x2", "-m", "exact", "--budget-evals", "50"],
