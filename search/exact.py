@@ -16,7 +16,8 @@ permutations.
 The bound of a partial assignment (:func:`partial_bound`) is the largest of: the
 problem's lower bound (:mod:`placetool.search.bounds`); the earliest the last op can end
 with unlimited devices, fixed ops on their devices, free ops on whichever device ends
-them first, and every transfer between devices paying latency + bytes / bandwidth; each
+them first, every transfer between devices paying latency + bytes / bandwidth, and an
+op's inputs from one device reaching it one after another over their link; each
 device's fixed ops as one machine with those earliest starts and the least time after
 each op to the end of the step (pre-emptive, so a bound); each directed link the same
 way, its jobs the tensors fixed ops send to fixed consumers across it; and the level all
@@ -30,7 +31,7 @@ a time budget; the seeding methods alone under an evaluation budget). When the b
 result is the best placement seen with a proven gap: ``metadata["status"]`` is
 ``optimal`` or ``feasible``, ``metadata["bound_us"]`` the proven lower bound and
 ``metadata["gap"]`` = best / bound - 1. Meant for small problems (random 28-group DAGs
-on 3 devices are proven within 10 s, 32-group ones within 30 s, see ``benchmarks/exact.py``):
+on 3 devices are proven within 10 s, 32-group ones within 20 s, see ``benchmarks/exact.py``):
 the tree grows as devices^groups where the bound does not cut it.
 """
 
@@ -55,6 +56,9 @@ class Ops(NamedTuple):
     out_dst: np.ndarray  # int64
     out_comm: np.ndarray  # float64 [edges, D, D]: the edge's transfer time from one device to
     #                      another (latency + bytes / bandwidth; 0 on one device and for control edges)
+    out_src: np.ndarray  # int64: each edge's producer
+    in_ptr: np.ndarray  # int64 [n + 1] -> in_edge (edges by consumer)
+    in_edge: np.ndarray  # int64: index into out_src / out_comm
 
 
 def make_ops(problem) -> Ops:
@@ -69,11 +73,13 @@ def make_ops(problem) -> Ops:
     comm = lat[None] + g.edge_bytes[o][:, None, None] / bw[None]
     comm[:, np.arange(len(lat)), np.arange(len(lat))] = 0.0
     comm[g.edge_tensor[o] < 0] = 0.0
+    i = np.argsort(g.edge_dst[o], kind="stable")
     return Ops(
         group=a(g.group, np.int64), T=a(np.where(problem.allowed[g.group], cm.T, np.inf), np.float64),
         topo_order=a(g.topo_order, np.int64),
         out_ptr=np.searchsorted(g.edge_src[o], np.arange(g.n_ops + 1)).astype(np.int64),
-        out_dst=a(g.edge_dst[o], np.int64), out_comm=a(comm, np.float64),
+        out_dst=a(g.edge_dst[o], np.int64), out_comm=a(comm, np.float64), out_src=a(g.edge_src[o], np.int64),
+        in_ptr=np.searchsorted(g.edge_dst[o][i], np.arange(g.n_ops + 1)).astype(np.int64), in_edge=a(i, np.int64),
     )
 
 
@@ -159,7 +165,8 @@ def partial_bound(gdev, ops):
 
     Heads ``ready[v, d]``, the earliest v can start on d with unlimited devices (free ops
     on whichever device suits them, every transfer between devices paying latency +
-    bytes / bandwidth), are a dynamic programme over the topological order; tails
+    bytes / bandwidth, a fixed op's inputs from one device arriving one after another
+    over their link), are a dynamic programme over the topological order; tails
     ``Q[v, d]``, the least time from v ending on d to the end of the step, the same
     programme backwards. The bound is the largest of: the latest op's earliest end; for
     each device, its fixed ops as one machine with those heads and tails
@@ -170,6 +177,37 @@ def partial_bound(gdev, ops):
     reaches once the free work (each op on its fastest device) is poured over them.
     """
     return bound_into(gdev, ops, make_work(*ops.T.shape))
+
+
+@njit(cache=True)
+def _link_arrivals(v, a, b, gdev, ops, F, w):
+    """When the last of ``v``'s inputs from fixed producers on ``a`` can reach ``b``:
+    one transfer per producer (its shortest), sent in order of the producers' earliest
+    ends."""
+    group, src, comm, ptr = ops.group, ops.out_src, ops.out_comm, ops.in_ptr
+    r, p, who = w.r, w.p, w.order
+    m = 0
+    for i in range(ptr[v], ptr[v + 1]):
+        e = ops.in_edge[i]
+        u = src[e]
+        if gdev[group[u]] != a or comm[e, a, b] <= 0:
+            continue
+        j = m  # insertion by release; a producer sending twice keeps its shortest
+        for x in range(m):
+            if who[x] == u:
+                j = -1
+                p[x] = min(p[x], comm[e, a, b])
+        if j < 0:
+            continue
+        while j > 0 and r[j - 1] > F[u, a]:
+            r[j], p[j], who[j] = r[j - 1], p[j - 1], who[j - 1]
+            j -= 1
+        r[j], p[j], who[j] = F[u, a], comm[e, a, b], u
+        m += 1
+    t = 0.0
+    for x in range(m):
+        t = max(t, r[x]) + p[x]
+    return t
 
 
 @njit(cache=True)
@@ -186,6 +224,10 @@ def bound_into(gdev, ops, w):
     for k in range(n):
         v = topo[k]
         dv = gdev[group[v]]
+        if dv >= 0:  # inputs from one device to v's come over one link, one at a time
+            for a in range(D):
+                if a != dv:
+                    ready[v, dv] = max(ready[v, dv], _link_arrivals(v, a, dv, gdev, ops, F, w))
         fmin = np.inf
         tmin = np.inf
         for d in range(D):

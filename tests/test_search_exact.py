@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from placetool.costmodel import CostModel, OpGraph
 from placetool.search import Budget, Problem, run
-from placetool.search.exact import (branching_order, device_classes, fill_level, make_ops, one_machine_bound,
-                                    partial_bound)
+from placetool.search.exact import (bound_into, branching_order, device_classes, fill_level, make_ops, make_work,
+                                    one_machine_bound, partial_bound)
 from tests.helpers import cluster, cost_models, nxgraph
 
 
@@ -142,6 +142,23 @@ def test_link_bound_by_hand():
     for v in "cd":
         gdev[g.group[g.index[v]]] = 1
     assert partial_bound(gdev, make_ops(p)) == 112.0
+    assert p.cost_model.simulate(gdev[g.group].astype(np.int32)).step_time_us == 112.0
+
+
+def test_inputs_over_one_link_arrive_one_after_another():
+    # a and b (1 µs each, on device 0) both feed c on device 1 over 55 µs transfers: with
+    # unlimited devices both end at 1, but the link sends one at a time, so c's inputs are
+    # all there no earlier than 1 + 55 + 55 = 111 (the simulator's start of c)
+    g = OpGraph.from_networkx(nxgraph({v: 1000 for v in "abc"}, [("a", "c", {"bytes": 1000}),
+                                                                 ("b", "c", {"bytes": 1000})], name="in"))
+    p = Problem(CostModel(g, cluster(2, latency=5.0, bandwidth=20.0, kinds=["gpu"] * 2),
+                          op_times=np.ones((3, 2))))
+    gdev = np.zeros(p.n_groups, np.int64)
+    gdev[g.group[g.index["c"]]] = 1
+    ops = make_ops(p)
+    w = make_work(*ops.T.shape)
+    assert bound_into(gdev, ops, w) == 112.0
+    assert w.ready[g.index["c"], 1] == 111.0
     assert p.cost_model.simulate(gdev[g.group].astype(np.int32)).step_time_us == 112.0
 
 
