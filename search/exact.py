@@ -394,6 +394,18 @@ def make_tree(problem, gorder, cls, batch: int, probe_depth: int | None = None) 
 
 
 @njit(cache=True)
+def _stands_for_class(d, used, tried, cls):
+    """Whether device ``d`` is tried: a used device always, of a class's unused devices
+    only the first (``tried`` marks the classes already seen)."""
+    if used[d]:
+        return True
+    if tried[cls[d]]:
+        return False
+    tried[cls[d]] = True
+    return True
+
+
+@njit(cache=True)
 def expand(tree, ops, depth, parent, incumbent):
     """Choose the group the node at ``depth`` fixes and bound its children (the group on
     each device it may still take; no child below ``parent``, the path's own bound),
@@ -426,12 +438,8 @@ def expand(tree, ops, depth, parent, incumbent):
             left = 0
             low = np.inf
             for d in range(D):
-                if not dom[g, d]:
+                if not dom[g, d] or not _stands_for_class(d, used, tried, cls):
                     continue
-                if not used[d]:
-                    if tried[cls[d]]:
-                        continue
-                    tried[cls[d]] = True
                 gdev[g] = d
                 b = max(parent, bound_into(gdev, ops, tree.work))
                 gdev[g] = -1
@@ -459,12 +467,8 @@ def expand(tree, ops, depth, parent, incumbent):
     tried[:] = False
     m = 0
     for d in range(D):
-        if not dom[k, d]:
+        if not dom[k, d] or not _stands_for_class(d, used, tried, cls):
             continue
-        if not used[d]:
-            if tried[cls[d]]:
-                continue
-            tried[cls[d]] = True
         if depth < P:
             b = max(floor, kb[k, d])
         else:

@@ -129,15 +129,21 @@ def test_partial_bound_is_a_bound_on_any_graph(cm, seed):
         assert partial_bound(gdev.astype(np.int64), ops) <= best + 1e-9
 
 
+def two_gpus(ops, edges):
+    """Ops of 1 µs on two GPUs linked at 5 µs + 20 bytes/µs; each edge carries 1,000 bytes
+    (55 µs between the GPUs)."""
+    g = OpGraph.from_networkx(nxgraph({v: 1000 for v in ops}, [(u, v, {"bytes": 1000}) for u, v in edges],
+                                      name="two"))
+    return g, Problem(CostModel(g, cluster(2, latency=5.0, bandwidth=20.0, kinds=["gpu"] * 2),
+                                op_times=np.ones((len(ops), 2))))
+
+
 def test_link_bound_by_hand():
     # a and b (1 µs each) on device 0 each send 1,000 bytes (5 + 1000 / 20 = 55 µs) to c
     # and d (1 µs) on device 1: the link carries 110 µs of transfers from t = 1, so d ends
     # no earlier than 1 + 55 + 55 + 1 = 112, the simulated step; without the link as a
     # machine the bound would be 58 (device 0: 2 µs of work, then 55 + 1)
-    g = OpGraph.from_networkx(nxgraph({v: 1000 for v in "abcd"}, [("a", "c", {"bytes": 1000}),
-                                                                  ("b", "d", {"bytes": 1000})], name="link"))
-    p = Problem(CostModel(g, cluster(2, latency=5.0, bandwidth=20.0, kinds=["gpu"] * 2),
-                          op_times=np.ones((4, 2))))
+    g, p = two_gpus("abcd", [("a", "c"), ("b", "d")])
     gdev = np.zeros(p.n_groups, np.int64)
     for v in "cd":
         gdev[g.group[g.index[v]]] = 1
@@ -149,10 +155,7 @@ def test_inputs_over_one_link_arrive_one_after_another():
     # a and b (1 µs each, on device 0) both feed c on device 1 over 55 µs transfers: with
     # unlimited devices both end at 1, but the link sends one at a time, so c's inputs are
     # all there no earlier than 1 + 55 + 55 = 111 (the simulator's start of c)
-    g = OpGraph.from_networkx(nxgraph({v: 1000 for v in "abc"}, [("a", "c", {"bytes": 1000}),
-                                                                 ("b", "c", {"bytes": 1000})], name="in"))
-    p = Problem(CostModel(g, cluster(2, latency=5.0, bandwidth=20.0, kinds=["gpu"] * 2),
-                          op_times=np.ones((3, 2))))
+    g, p = two_gpus("abc", [("a", "c"), ("b", "c")])
     gdev = np.zeros(p.n_groups, np.int64)
     gdev[g.group[g.index["c"]]] = 1
     ops = make_ops(p)
