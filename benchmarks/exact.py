@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=60.0, help="exact's time limit per instance")
     ap.add_argument("--searchers", default="sa:5000,tpe:300,rl:5000")
     ap.add_argument("--probe-depth", type=int, default=None,
-                    help="tree levels that try every free group first (default: all; 0: fixed order)")
+                    help="tree levels that try every free group first (default: all, up to 64 groups; 0: fixed order)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     searchers = parse_searchers(a.searchers)
