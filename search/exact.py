@@ -549,8 +549,7 @@ def branching_order(problem, ops, affinity: float = 0.5) -> np.ndarray:
     work = np.zeros(G)
     np.add.at(work, g.group, ops.T.min(axis=1))
     # group adjacency (both directions), weighted by transfer time
-    a = g.group[np.repeat(np.arange(g.n_ops), np.diff(ops.out_ptr))]
-    b = g.group[ops.out_dst]
+    a, b = g.group[ops.out_src], g.group[ops.out_dst]
     c = ops.out_comm.max(axis=(1, 2)) if len(ops.out_dst) else np.zeros(0)
     keep = a != b
     src, dst, w = np.concatenate([a[keep], b[keep]]), np.concatenate([b[keep], a[keep]]), np.tile(c[keep], 2)
