@@ -6,6 +6,8 @@ Each command lives in its own module and is imported only when run, so that
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import importlib.util
 import json
@@ -51,17 +53,25 @@ class Terminated(SystemExit):
 #: ctypes while numba compiles (or loads its cache), and an exception raised in a ctypes
 #: callback is printed and dropped: the signal was lost and a search ran on to the end of
 #: its budget. Raised just after such a call, in numba's code generation, it can leave a
-#: half-built library behind, and the process crashed on the way out (SIGSEGV, once in a
-#: test run). So a signal waits while llvmlite, numba's compiler or its cache is on the
-#: stack (not merely numba's typing of call arguments, which every compiled call runs).
+#: half-built library behind. And a compiled function boxing its result calls back into
+#: numba's unpickler (``serialize.py``) for the classes it builds: Python runs a waiting
+#: signal's handler there, compiled code does not expect an exception back, and the
+#: process crashed (SIGSEGV) when the result was a named tuple, a SystemError otherwise.
+#: An import is no place either: a module half run is left behind, and C code under an
+#: import may clear the error (a Ctrl-C during `import networkx` was lost that way).
+#: So a signal waits while llvmlite, numba's compiler, its cache or its unpickler, or an
+#: import is on the stack (not merely numba's typing of call arguments, which every
+#: compiled call runs).
 _DEFER_IN = tuple(os.path.join(*parts) for parts in [
     (os.sep, "llvmlite", ""), ("numba", "core", "compiler.py"), ("numba", "core", "codegen.py"),
-    ("numba", "core", "caching.py")])
+    ("numba", "core", "caching.py"), ("numba", "core", "serialize.py")]) + ("<frozen importlib.",)
 #: while a signal waits: (its exception class, the SIGALRM handler to put back)
 _pending = None
+#: the exception a signal raised last, to know it again should it be dropped
+_raised = None
 
 
-def _in_compiler(frame) -> bool:
+def _unsafe_here(frame) -> bool:
     while frame is not None:
         if any(part in frame.f_code.co_filename for part in _DEFER_IN):
             return True
@@ -70,16 +80,22 @@ def _in_compiler(frame) -> bool:
 
 
 def _raise_when_safe(exc_type, frame) -> None:
-    """Raise ``exc_type`` now, or, inside the compiler, once it has returned (checked
-    every 50 ms on SIGALRM)."""
-    global _pending
-    if _in_compiler(frame):
-        if _pending is None:
-            _pending = (exc_type, signal.signal(signal.SIGALRM, _retry))
-        signal.setitimer(signal.ITIMER_REAL, 0.05)
+    """Raise ``exc_type`` now or, where that is unsafe (see ``_DEFER_IN``), once out of
+    there (checked every 50 ms on SIGALRM)."""
+    global _raised
+    if _unsafe_here(frame):
+        _defer(exc_type)
         return
     _cancel_pending()
-    raise exc_type()
+    _raised = exc_type()
+    raise _raised
+
+
+def _defer(exc_type) -> None:
+    global _pending
+    if _pending is None:
+        _pending = (exc_type, signal.signal(signal.SIGALRM, _retry))
+    signal.setitimer(signal.ITIMER_REAL, 0.05)
 
 
 def _cancel_pending() -> None:
@@ -102,6 +118,47 @@ def _on_sigterm(signum, frame):
 
 def _on_sigint(signum, frame):
     _raise_when_safe(KeyboardInterrupt, frame)
+
+
+def _on_unraisable(previous, u) -> None:
+    # Python runs a signal handler wherever the main thread is, finalizers too (``__del__``,
+    # weakref and ctypes callbacks): there the handler's exception is printed and dropped,
+    # and the command would run on to the end of its budget. Raise it again once out.
+    global _raised
+    if u.exc_value is not None and u.exc_value is _raised:
+        _raised = None
+        _defer(type(u.exc_value))
+    else:
+        previous(u)
+
+
+@contextlib.contextmanager
+def signals_unwind():
+    """Within: SIGTERM raises :class:`Terminated` and Ctrl-C ``KeyboardInterrupt``
+    (where Python's own handler is on; an ignored SIGINT stays ignored), but not inside
+    numba's compiler or an import (it waits until that returns), and one a finalizer
+    dropped is raised again. Main thread only; elsewhere (embedded use) signals are left
+    alone."""
+    global _raised
+    try:
+        prev_term = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread
+        yield
+        return
+    prev_int = signal.getsignal(signal.SIGINT)
+    if prev_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
+    prev_hook = sys.unraisablehook
+    sys.unraisablehook = functools.partial(_on_unraisable, prev_hook)
+    try:
+        yield
+    finally:
+        _raised = None
+        sys.unraisablehook = prev_hook
+        signal.signal(signal.SIGTERM, prev_term)
+        if prev_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, prev_int)
+        _cancel_pending()  # a signal still waiting when the command ended has nothing left to stop
 
 
 class LazyGroup(click.Group):
@@ -147,39 +204,25 @@ def main(argv=None) -> None:
     line on stderr, no traceback), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in args
-    try:
-        prev_term = signal.signal(signal.SIGTERM, _on_sigterm)
-    except ValueError:  # not the main thread (embedded use): leave signals alone
-        prev_term = None
-    # Ctrl-C as Python's own handler would, but not inside the compiler; an ignored SIGINT
-    # (a shell's background job) stays ignored
-    prev_int = signal.getsignal(signal.SIGINT) if prev_term is not None else None
-    if prev_int is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _on_sigint)
-    try:
-        rv = cli.main(args=args, prog_name="placetool", standalone_mode=False)
-    except click.exceptions.Abort:
-        fail("interrupted", EXIT_INTERRUPTED, as_json)
-    except click.UsageError as e:
-        cmd = e.ctx.command_path if e.ctx is not None else "placetool"
-        fail(f"{e.format_message()} (see `{cmd} --help`)", EXIT_USAGE, as_json)
-    except click.ClickException as e:
-        fail(e.format_message(), e.exit_code, as_json)
-    except UserError as e:
-        fail(str(e), EXIT_USAGE, as_json)
-    except OSError as e:  # a file system problem the command did not name itself
-        where = f"{e.filename}: " if e.filename else ""
-        fail(f"{where}{e.strerror or e}", EXIT_USAGE, as_json)
-    except KeyboardInterrupt:
-        fail("interrupted", EXIT_INTERRUPTED, as_json)
-    except Terminated:
-        fail("terminated", EXIT_TERMINATED, as_json)
-    finally:
-        if prev_term is not None:
-            signal.signal(signal.SIGTERM, prev_term)
-        if prev_int is signal.default_int_handler:
-            signal.signal(signal.SIGINT, prev_int)
-        _cancel_pending()  # a signal still waiting when the command ended has nothing left to stop
+    with signals_unwind():
+        try:
+            rv = cli.main(args=args, prog_name="placetool", standalone_mode=False)
+        except click.exceptions.Abort:
+            fail("interrupted", EXIT_INTERRUPTED, as_json)
+        except click.UsageError as e:
+            cmd = e.ctx.command_path if e.ctx is not None else "placetool"
+            fail(f"{e.format_message()} (see `{cmd} --help`)", EXIT_USAGE, as_json)
+        except click.ClickException as e:
+            fail(e.format_message(), e.exit_code, as_json)
+        except UserError as e:
+            fail(str(e), EXIT_USAGE, as_json)
+        except OSError as e:  # a file system problem the command did not name itself
+            where = f"{e.filename}: " if e.filename else ""
+            fail(f"{where}{e.strerror or e}", EXIT_USAGE, as_json)
+        except KeyboardInterrupt:
+            fail("interrupted", EXIT_INTERRUPTED, as_json)
+        except Terminated:
+            fail("terminated", EXIT_TERMINATED, as_json)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
