@@ -287,7 +287,10 @@ def test_runner_single_and_split_placements(mlp, testbed):
     assert m2.devices_used() == set(testbed.spec.tf_devices)
     assert all(m2.op_device[n] == testbed.spec.tf_devices[p[i]] for i, n in enumerate(g.names) if n in m2.op_device)
     assert len(m2.op_device) == g.n_ops
-    assert m2.transfers and {x["dst"] for x in m2.transfers} == set(testbed.spec.tf_devices)
+    # a traced step lists the RecvTensor events its workers reported in time: some, and
+    # each one between the two workers (not always both directions in one step)
+    assert m2.transfers and all(x["src"] != x["dst"] and {x["src"], x["dst"]} <= set(testbed.spec.tf_devices)
+                                for x in m2.transfers), m2.transfers
 
 
 @pytest.mark.slow
