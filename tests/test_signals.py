@@ -234,10 +234,10 @@ def slow_pair(n):
     return Pair(np.full(2, s), np.ones(3))
 
 slow_pair(10)
-threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
 try:
     with signals_unwind():
-        r = slow_pair(300_000_000)  # the signal arrives in here (about 0.3 s)
+        r = slow_pair(1_000_000_000)  # the signal arrives in here (a second or so)
         print("returned", type(r).__name__, flush=True)
         time.sleep(1.0)
 except KeyboardInterrupt:
@@ -248,7 +248,8 @@ except KeyboardInterrupt:
 def test_a_signal_while_compiled_code_returns_a_named_tuple_is_raised_after_it():
     """A signal that arrives while a compiled function runs is handled when it boxes its
     result, inside numba's unpickler (called from compiled code to build the named tuple):
-    raised there, the process crashed (SIGSEGV). It is raised once the call has returned."""
+    raised there, the process crashed (SIGSEGV). It is raised once the call has returned.
+    (The signal comes 0.2 s into a call of about a second, so a slow start still sees it.)"""
     p = subprocess.run([sys.executable, "-c", BOXING], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.splitlines() == ["returned Pair", "interrupted after the call"], p.stdout
