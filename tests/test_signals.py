@@ -195,7 +195,6 @@ def test_a_signal_inside_a_finalizer_is_raised_once_it_returns(sig, exc):
     assert sys.unraisablehook is prev[2]
 
 
-
 def test_a_signal_during_an_import_is_raised_once_the_module_is_loaded(tmp_path, monkeypatch):
     """An exception raised in the middle of an import leaves a module half run (and C code
     under an import may drop it): the signal waits until the import is done."""
