@@ -13,6 +13,9 @@ Both runs are the one engine of :mod:`placetool.costmodel.kernels`.
 
 The answer equals :meth:`CostModel.simulate` of the moved placement exactly: step time,
 per-device peak memory and feasibility (busy times are not reported).
+:meth:`IncrementalSimulator.evaluate_many` scores several moves of one base at once, on
+as many cores as numba may use: the runs share the read-only checkpoints, each thread
+has its own workspace, and the compiled runs release the GIL.
 
 >>> from placetool.costmodel import CostModel, presets
 >>> cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x2"))
@@ -27,8 +30,11 @@ True
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from . import kernels as K
@@ -51,11 +57,13 @@ class IncrementalSimulator:
 
     ``assignment`` is a group assignment (one device per group). ``checkpoints`` bounds
     how many states are kept (memory grows with it: about 40 bytes per op and 16 per
-    data edge each); ``converge=False`` disables the early stop. Runs on the same engine
-    as :meth:`CostModel.simulate` (:mod:`placetool.costmodel.kernels`).
+    data edge each); ``converge=False`` disables the early stop; ``threads`` caps the
+    threads :meth:`evaluate_many` uses (default: numba's thread count). Runs on the same
+    engine as :meth:`CostModel.simulate` (:mod:`placetool.costmodel.kernels`).
     """
 
-    def __init__(self, cost_model, assignment, checkpoints: int | None = None, converge: bool = True):
+    def __init__(self, cost_model, assignment, checkpoints: int | None = None, converge: bool = True,
+                 threads: int | None = None):
         cm = self.cm = cost_model
         g, cl = cm.graph, cm.cluster
         self.n, self.D = g.n_ops, cl.n_devices
@@ -72,6 +80,9 @@ class IncrementalSimulator:
         self._pred_dst = np.ascontiguousarray(g.edge_dst, np.int64)
         self._no_inputs = g.csr.n_inputs == 0
         self.w = K.work_for(self.net)  # own workspace: the cost model may simulate in between
+        self.threads = max(1, int(threads if threads is not None else numba.get_num_threads()))
+        self._more_w = []  # workspaces of evaluate_many's other threads, made on first use
+        self._pool, self._pool_pid = None, 0
 
         # checkpoints: enough to keep ~1/C of the events per restart, within ~256 MB
         per = 40 * n + 16 * n_data + 64 * (D + L)
@@ -88,6 +99,11 @@ class IncrementalSimulator:
         self.b_op_end = np.zeros(n)
         self._no_moved = np.zeros(0, np.intp)
         self.set_base(assignment)
+
+    def __getstate__(self):  # a thread pool does not pickle: the copy makes its own
+        d = self.__dict__.copy()
+        d["_pool"], d["_pool_pid"], d["_more_w"] = None, 0, []
+        return d
 
     # ------------------------------------------------------------------ base
     def set_base(self, assignment) -> None:
@@ -111,7 +127,7 @@ class IncrementalSimulator:
 
     def _run_base(self, j) -> None:
         p, w, b = self.placement, self.w, self.base_run
-        self._start(p, j)
+        self._start(w, p, j)
         # ops that ended before checkpoint j end as in the old base: keep their ends
         w.op_end[: self.n] = self.b_op_end
         K.run_incremental(self.net, w, self.ck, b, p, self._no_moved, j, self.n_ck, True, self.every, False)
@@ -139,6 +155,42 @@ class IncrementalSimulator:
     # ----------------------------------------------------------------- moves
     def evaluate_move(self, group: int, device: int) -> MoveResult:
         """Score moving one group to ``device`` (the base is unchanged)."""
+        job = self._move_job(group, device)
+        return job if isinstance(job, MoveResult) else self._result(job, self._run_job(self.w, job))
+
+    def evaluate(self, assignment) -> MoveResult:
+        """Score an assignment that differs from the base in a few groups."""
+        job = self._assignment_job(assignment)
+        return job if isinstance(job, MoveResult) else self._result(job, self._run_job(self.w, job))
+
+    def evaluate_many(self, moves) -> list[MoveResult]:
+        """Score several moves of the base, each a ``(group, device)`` pair or a whole
+        assignment, in parallel; the same answers as one call per move."""
+        jobs = [self._assignment_job(m) if isinstance(m, np.ndarray) else self._move_job(*m) for m in moves]
+        todo = [i for i, j in enumerate(jobs) if not isinstance(j, MoveResult)]
+        k = min(self.threads, len(todo))
+        runs = {}
+        if k <= 1:
+            runs = {i: self._run_job(self.w, jobs[i]) for i in todo}
+        else:
+            while len(self._more_w) < k - 1:
+                self._more_w.append(K.work_for(self.net))
+            if self._pool is None or self._pool_pid != os.getpid():  # a forked child has no pool threads
+                self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="placetool-incremental")
+                self._pool_pid = os.getpid()
+
+            def share(t):
+                w = self.w if t == 0 else self._more_w[t - 1]
+                return {i: self._run_job(w, jobs[i]) for i in todo[t::k]}
+
+            futures = [self._pool.submit(share, t) for t in range(1, k)]
+            runs = share(0)  # this thread takes a share too
+            for f in futures:
+                runs.update(f.result())
+        return [self._result(j, runs[i]) if i in runs else j for i, j in enumerate(jobs)]
+
+    def _move_job(self, group, device):
+        """(ops, devices, checkpoint) of moving one group, or the base's result if it stays."""
         group, device = int(group), int(device)
         G = self.assignment.size
         if not 0 <= group < G:
@@ -152,30 +204,33 @@ class IncrementalSimulator:
         if device == self.assignment[group]:
             return self.base
         ops = self.group_ops[group]
-        return self._evaluate(ops, np.full(ops.size, device, np.int32), self._restart_index(ops))
+        return ops, np.full(ops.size, device, np.int32), self._restart_index(ops)
 
-    def evaluate(self, assignment) -> MoveResult:
-        """Score an assignment that differs from the base in a few groups."""
+    def _assignment_job(self, assignment):
         a = self._check(assignment)
         changed = np.flatnonzero(a != self.assignment)
         if changed.size == 0:
             return self.base
         ops = self._ops_of(changed)
-        return self._evaluate(ops, a[self.group[ops]], self._restart_index(ops))
+        return ops, a[self.group[ops]], self._restart_index(ops)
 
-    def _evaluate(self, ops, devices, j) -> MoveResult:
+    def _run_job(self, w, job):
+        """Simulate one move in workspace ``w``: (makespan, live peak, matched checkpoint)."""
+        ops, devices, j = job
         p = self.placement.copy()
         p[ops] = devices
-        w = self.w
         w.moved[ops] = True
         try:
-            self._start(p, j)
+            self._start(w, p, j)
             matched = K.run_incremental(self.net, w, self.ck, self.base_run, p, ops.astype(np.intp), j, self.n_ck,
                                         False, self.every, self.converge)
         finally:
             w.moved[ops] = False
-        ms = float(w.sf[0])
-        livepeak = w.livepeak.copy()
+        return float(w.sf[0]), w.livepeak.copy(), matched
+
+    def _result(self, job, run) -> MoveResult:
+        ops, devices, j = job
+        ms, livepeak, matched = run
         if matched >= 0:
             if self.base_step_us > self.ck.f[matched, 1]:
                 ms = max(ms, self.base_step_us)
@@ -224,8 +279,8 @@ class IncrementalSimulator:
             j -= 1
         return j
 
-    def _start(self, p, j) -> None:
+    def _start(self, w, p, j) -> None:
         if j < 0:
-            K.init_fresh(self.net, self.w, p)
+            K.init_fresh(self.net, w, p)
         else:
-            K.restore(self.net, self.w, self.ck, self.base_run, j, p)
+            K.restore(self.net, w, self.ck, self.base_run, j, p)

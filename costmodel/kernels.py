@@ -358,7 +358,7 @@ def set_bases(net, w, placement):
             acc += w_tq_size[d]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def init_fresh(net, w, placement):
     """The state at time 0 before the first dispatch."""
     net_n_inputs = net.n_inputs
@@ -827,7 +827,7 @@ def simulate_batch(net, placements, params, step, busy, peak, chunks):
                 peak[b, placements[b, op]] += params[op]
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", nogil=True)
 def run_incremental(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, check):
     """Run on from the state in ``w`` (a fresh start or a restored checkpoint); see
     :func:`_run`. Returns the matched checkpoint or -1."""
@@ -959,7 +959,7 @@ def save(ck, j, w, placement, now, epoch, clean, n_ev, n_x, makespan, wm, wo):
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def restore(net, w, ck, base, j, placement):
     """Load checkpoint ``j`` under ``placement`` (the base run's transfers keep their ids).
 

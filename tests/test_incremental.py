@@ -133,6 +133,30 @@ def test_incremental_equals_full_simulation(args):
             _same(inc.base, cm.simulate(a))
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.integers(1, 4))
+def test_moves_scored_together_equal_full_simulations(args, threads):
+    cm, assign, moves, checkpoints = args
+    G, D = cm.graph.n_groups, cm.n_devices
+    a = np.array(assign[:G], np.int32) % D
+    inc = IncrementalSimulator(cm, a, checkpoints=checkpoints, threads=threads)
+    batch, moved = [], []
+    for k, (grp, dev, whole) in enumerate(moves):
+        b = a.copy()
+        b[grp % G] = dev
+        if whole and G > 1:  # a whole assignment, two groups changed
+            b[(grp + 1) % G] = (b[(grp + 1) % G] + 1) % D
+            batch.append(b)
+        else:
+            batch.append((grp % G, dev))
+        moved.append(b)
+    rs = inc.evaluate_many(batch)
+    assert len(rs) == len(batch)
+    for r, b in zip(rs, moved):
+        _same(r, cm.simulate(b))
+    _same(inc.base, cm.simulate(a))  # scoring leaves the base alone
+
+
 @pytest.mark.parametrize("transfer_costs", [False, True])
 def test_incremental_equals_full_on_a_synthetic_graph_with_commits(transfer_costs):
     cl = presets.load_cluster("k80x4")
@@ -163,3 +187,10 @@ def test_incremental_equals_full_on_a_synthetic_graph_with_commits(transfer_cost
             a = b
     # the point of it: most moves restart part-way, some stop early
     assert restarted > 30 and converged > 0
+    # a batch of moves of the last base, scored on two threads
+    inc2 = IncrementalSimulator(cm, a, checkpoints=16, threads=2)
+    batch = [(int(g), int(rng.choice(np.flatnonzero(pr.allowed[g])))) for g in rng.integers(pr.n_groups, size=16)]
+    for (g, d), r in zip(batch, inc2.evaluate_many(batch)):
+        b = a.copy()
+        b[g] = d
+        _same(r, cm.simulate(b))
