@@ -8,10 +8,10 @@ on one device, move a critical group off the busiest device, swap one with a gro
 elsewhere); the rest move one random group to another device it may use (or, with
 probability ``swap``, exchange the devices of two groups). ``moves="random"`` uses only
 the latter. ``batch`` neighbours are proposed at a time; with ``mode="incremental"``
-(the default, about twice the evaluations per second on inception_v3) the incremental
-simulator scores them one by one (:mod:`placetool.costmodel.incremental`, exact,
-re-simulates only from the first event a move changes), with ``mode="batch"`` the
-parallel batch simulator scores them together. The best neighbour of a batch faces the
+(the default) the incremental simulator scores them (:mod:`placetool.costmodel.incremental`,
+exact, re-simulates only from the first event a move changes; on up to ``threads``
+cores, default numba's thread count), with ``mode="batch"`` the parallel batch
+simulator scores them together, each from scratch. The best neighbour of a batch faces the
 Metropolis rule; the path is traced again after an accepted move that touched it or
 changed the step time (a sideways move off the path leaves it in place). The
 temperature is relative (an uphill step of ``x`` times the current step time is taken
@@ -108,7 +108,8 @@ def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
 @register("sa")
 def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = "incremental", batch: int = 8,
            guided: float = 0.7, swap: float = 0.1, accept_start: float = 0.05, accept_end: float = 0.001,
-           window: int = 50, patience: int | None = None, seeds=None, checkpoints: int | None = None):
+           window: int = 50, patience: int | None = None, seeds=None, checkpoints: int | None = None,
+           threads: int | None = None):
     """Simulated annealing with moves aimed at the simulated critical path (see the
     module docstring); returns metadata."""
     if mode not in ("incremental", "batch"):
@@ -170,7 +171,7 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
     if mode == "incremental":
         from placetool.costmodel.incremental import IncrementalSimulator
 
-        inc = IncrementalSimulator(cm, cur, checkpoints=checkpoints)
+        inc = IncrementalSimulator(cm, cur, checkpoints=checkpoints, threads=threads)
     cp = CriticalPath(cm, cur) if guide is not None else None
 
     def score(cands, moved):
@@ -181,16 +182,15 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
             except BudgetExhausted:
                 return np.zeros(0)
             return objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap, ref)
-        out = []
-        for a, g in zip(cands, moved):
-            if tracker.done():
-                break
-            r = inc.evaluate_move(g, a[g]) if g >= 0 else inc.evaluate(a)
-            tracker.record(a[None, :], np.array([r.step_time_us]), np.array([r.feasible]),
-                           r.peak_memory_bytes[None, :])
-            out.append(r.step_time_us if r.feasible else
-                       objective([r.step_time_us], [r.feasible], r.peak_memory_bytes[None, :], cap, ref)[0])
-        return np.array(out)
+        if tracker.done():
+            return np.zeros(0)
+        # the batch on every core numba may use (same answers as one move at a time)
+        rs = inc.evaluate_many([(g, a[g]) if g >= 0 else a for a, g in zip(cands, moved)])
+        tracker.record(np.stack(cands), np.array([r.step_time_us for r in rs]), np.array([r.feasible for r in rs]),
+                       np.stack([r.peak_memory_bytes for r in rs]))
+        return np.array([r.step_time_us if r.feasible else
+                         objective([r.step_time_us], [r.feasible], r.peak_memory_bytes[None, :], cap, ref)[0]
+                         for r in rs])
 
     def restart_from(a):
         nonlocal cp
