@@ -2,6 +2,7 @@
 
     python benchmarks/incremental.py                    # table
     python benchmarks/incremental.py --moves 200 --json
+    python benchmarks/incremental.py --annealer 10      # on the calls of a real sa run
 
 For each graph (synthetic-10k and synthetic-50k on k80x4 by default) and each base
 placement — ``chunks`` (groups cut in topological order into one contiguous run per
@@ -25,6 +26,13 @@ other load on the machine inflates them less. Also printed:
 how far into the step the restarts were on average (``restart@``: checkpoint time /
 step time), how many moves stopped early, and the one-off cost of simulating a base
 with checkpoints (``base ms``, paid again after each accepted move in annealing).
+
+``--annealer SECONDS`` measures on annealing's own calls instead: an ``sa`` run of that
+long (from its usual starting point, seed ``--seed``) is recorded (each batch of moves
+and compound moves it scores, each accepted move it commits, each restart) and replayed
+four ways, timed in blocks (wall time): full simulations one by one and the incremental
+simulator on one thread (per core), the batch simulator and the incremental simulator
+on every core (what ``mode="batch"`` and ``mode="incremental"`` do).
 """
 
 from __future__ import annotations
@@ -123,6 +131,132 @@ def bench(graph: str, cluster: str, base: str, moves: int, seed: int, rounds: in
     }
 
 
+class _Recorder:
+    """An ``IncrementalSimulator`` that logs what annealing asks of it, to replay later."""
+
+    log: list = []
+    real = None  # the class it stands in for
+
+    def __init__(self, cost_model, assignment, **kw):
+        self._inc = self.real(cost_model, assignment, **kw)
+        self.log.append(("base", np.array(assignment, np.int32)))
+
+    def __getattr__(self, name):
+        return getattr(self._inc, name)
+
+    def set_base(self, a):
+        self.log.append(("base", np.array(a, np.int32)))
+        self._inc.set_base(a)
+
+    def commit(self, a):
+        self.log.append(("commit", np.array(a, np.int32)))
+        self._inc.commit(a)
+
+    def evaluate_many(self, moves):
+        self.log.append(("batch", [m.copy() if isinstance(m, np.ndarray) else (int(m[0]), int(m[1])) for m in moves]))
+        return self._inc.evaluate_many(moves)
+
+
+def record_annealing(problem, seconds: float, seed: int) -> list:
+    """Run ``sa`` for ``seconds`` and return the calls it made to its incremental
+    simulator: ("base", a), ("commit", a), ("batch", [(group, device) or a, ...])."""
+    from placetool.costmodel import incremental
+    from placetool.search import Budget, run
+
+    _Recorder.real = incremental.IncrementalSimulator
+    _Recorder.log = []
+    incremental.IncrementalSimulator = _Recorder
+    try:
+        run("sa", problem, Budget(seconds=seconds), seed=seed)
+    finally:
+        incremental.IncrementalSimulator = _Recorder.real
+    return _Recorder.log
+
+
+def bench_annealer(graph: str, cluster: str, seconds: float, seed: int, rounds: int = 3) -> dict:
+    """Incremental vs full simulation on the calls a real ``sa`` run makes: the batches
+    of moves and compound moves it scores and the accepted moves it commits (which a
+    full simulation does not need), replayed in the same order. Four ways: ``full``
+    (``CostModel.simulate`` per candidate), ``batch`` (``simulate_batch`` per batch, on
+    every core), ``incr`` (``evaluate_many`` on one thread) and ``incr-all``
+    (``evaluate_many`` on every core, what ``sa`` does)."""
+    import numba
+
+    from placetool.costmodel import CostModel, presets
+    from placetool.costmodel.incremental import IncrementalSimulator
+    from placetool.search import Problem
+
+    cm = CostModel(presets.load_graph(graph), presets.load_cluster(cluster))
+    pr = Problem(cm)
+    log = record_annealing(pr, seconds, seed)
+    a0 = log[0][1]
+    n_eval = sum(len(x[1]) for x in log if x[0] == "batch")
+
+    def candidates(cur, batch):
+        out = []
+        for m in batch:
+            if isinstance(m, np.ndarray):
+                out.append(m)
+            else:
+                b = cur.copy()
+                b[m[0]] = m[1]
+                out.append(b)
+        return out
+
+    def replay_full(batched):
+        cur, out = a0, []
+        for x in log[1:]:
+            if x[0] != "batch":
+                cur = x[1]
+            elif batched:
+                r = cm.simulate_batch(np.stack(candidates(cur, x[1])))
+                out.extend(zip(r.step_time_us, r.peak_memory_bytes, r.feasible))
+            else:
+                out.extend((r.step_time_us, r.peak_memory_bytes, r.feasible)
+                           for r in map(cm.simulate, candidates(cur, x[1])))
+        return out
+
+    def replay_incremental(threads):
+        inc = IncrementalSimulator(cm, a0, threads=threads)
+        out = []
+        for x in log[1:]:
+            if x[0] == "base":
+                inc.set_base(x[1])
+            elif x[0] == "commit":
+                inc.commit(x[1])
+            else:
+                out.extend((r.step_time_us, r.peak_memory_bytes, r.feasible) for r in inc.evaluate_many(x[1]))
+        return out, inc
+
+    # every answer checked equal to the full simulation (untimed)
+    ri, inc = replay_incremental(numba.get_num_threads())
+    for i, (x, ref) in enumerate(zip(ri, replay_full(False))):
+        if not (x[0] == ref[0] and np.array_equal(x[1], ref[1]) and x[2] == ref[2]):
+            raise AssertionError(f"{graph}: incremental != full at evaluation {i} of the annealing replay")
+    fns = {"full": lambda: replay_full(False), "batch": lambda: replay_full(True),
+           "incr": lambda: replay_incremental(1), "incr-all": lambda: replay_incremental(numba.get_num_threads())}
+    per = {k: [] for k in fns}
+    names = list(fns)
+    for rnd in range(rounds):
+        for k in names[rnd % 4:] + names[: rnd % 4]:
+            t = time.perf_counter()  # wall time: two of the four use every core
+            fns[k]()
+            per[k].append((time.perf_counter() - t) / max(n_eval, 1))
+    ms = {k: 1e3 * float(np.median(v)) for k, v in per.items()}
+    ratio = np.array(per["full"]) / np.array(per["incr"])
+    ratio_all = np.array(per["batch"]) / np.array(per["incr-all"])
+    return {
+        "graph": graph, "cluster": cluster, "base": f"sa {seconds:g} s", "ops": cm.graph.n_ops,
+        "groups": pr.n_groups, "evaluations": n_eval, "batches": sum(1 for x in log if x[0] == "batch"),
+        "commits": sum(1 for x in log if x[0] == "commit"), "restarts": sum(1 for x in log if x[0] == "base") - 1,
+        "threads": numba.get_num_threads(),
+        "full_ms": ms["full"], "incr_ms": ms["incr"], "batch_ms": ms["batch"], "incr_all_ms": ms["incr-all"],
+        "speedup": float(np.median(ratio)), "speedup_range": [float(ratio.min()), float(ratio.max())],
+        "speedup_all": float(np.median(ratio_all)), "speedup_all_range": [float(ratio_all.min()), float(ratio_all.max())],
+        "rounds": rounds, "all_equal": True,
+    }
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--graphs", nargs="+", default=["synthetic-10k", "synthetic-50k"])
@@ -131,23 +265,42 @@ def main(argv=None) -> None:
     ap.add_argument("--moves", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per method (medians reported)")
+    ap.add_argument("--annealer", type=float, default=0.0, metavar="SECONDS",
+                    help="instead, replay the calls an sa run of SECONDS makes (its own moves, and its commits)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    rows = [bench(g, args.cluster, b, args.moves, args.seed, args.rounds) for g in args.graphs for b in args.bases]
+    if args.annealer > 0:
+        rows = [bench_annealer(g, args.cluster, args.annealer, args.seed, args.rounds) for g in args.graphs]
+    else:
+        rows = [bench(g, args.cluster, b, args.moves, args.seed, args.rounds) for g in args.graphs for b in args.bases]
     if args.json:
         print(json.dumps({"rows": rows}))
         return
-    hdr = (f"{'graph':<14} {'base':<7} {'moves':>5} {'full ms':>8} {'incr ms':>8} {'speedup':>7} {'range':>11} "
-           f"{'nostop ms':>9} {'speedup':>7} {'restart@':>8} {'stopped':>7} {'base ms':>8}")
-    print(f"cluster {args.cluster}; ms = CPU ms per move, median of {args.rounds} rounds (range: speedup's min-max "
-          "over rounds); every answer checked equal to the full simulation")
+    if args.annealer > 0:
+        title = ("ms = wall ms per evaluation, incremental paying for sa's commits too; full and incr on one "
+                 "core, batch and incr-all on every core")
+        cols = [("graph", "graph", "<14"), ("sa run", "base", "<8"), ("evals", "evaluations", ">6"),
+                ("commits", "commits", ">7"), ("full ms", "full_ms", ">8.2f"), ("incr ms", "incr_ms", ">8.2f"),
+                ("speedup", "speedup", ">6.2f"), ("range", "range", ">11"), ("batch ms", "batch_ms", ">8.2f"),
+                ("incr-all ms", "incr_all_ms", ">11.2f"), ("speedup", "speedup_all", ">6.2f"),
+                ("range", "range_all", ">11")]
+    else:
+        title = "ms = CPU ms per move"
+        cols = [("graph", "graph", "<14"), ("base", "base", "<7"), ("moves", "moves", ">5"),
+                ("full ms", "full_ms", ">8.2f"), ("incr ms", "incr_ms", ">8.2f"), ("speedup", "speedup", ">6.2f"),
+                ("range", "range", ">11"), ("nostop ms", "incr_nostop_ms", ">9.2f"),
+                ("speedup", "speedup_nostop", ">6.2f"), ("restart@", "restart_at", ">8.2f"),
+                ("stopped", "stopped_early", ">7.0%"), ("base ms", "base_ms", ">8.1f")]
+    print(f"cluster {args.cluster}; {title}, median of {args.rounds} rounds (range: speedup's min-max over rounds); "
+          "every answer checked equal to the full simulation")
+    # the header takes each column's alignment and width (">8.2f" -> ">8")
+    hdr = " ".join(format(name, spec[0] + spec[1:].split(".")[0].rstrip("f%")) for name, _, spec in cols)
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        print(f"{r['graph']:<14} {r['base']:<7} {r['moves']:>5} {r['full_ms']:>8.2f} {r['incr_ms']:>8.2f} "
-              f"{r['speedup']:>6.2f}x {r['speedup_range'][0]:>5.2f}-{r['speedup_range'][1]:.2f}x {r['incr_nostop_ms']:>9.2f} "
-              f"{r['speedup_nostop']:>6.2f}x {r['restart_at']:>8.2f} {r['stopped_early']:>7.0%} {r['base_ms']:>8.1f}")
-
+        r = dict(r, range="{:.2f}-{:.2f}x".format(*r["speedup_range"]),
+                 range_all="{:.2f}-{:.2f}x".format(*r.get("speedup_all_range", (0, 0))))
+        print(" ".join(format(r[key], spec) for _, key, spec in cols))
 
 if __name__ == "__main__":
     main()
