@@ -7,11 +7,15 @@ one device, move a critical group to a neighbour's device, put a run of critical
 on one device, move a critical group off the busiest device, swap one with a group
 elsewhere); the rest move one random group to another device it may use (or, with
 probability ``swap``, exchange the devices of two groups). ``moves="random"`` uses only
-the latter. ``batch`` neighbours are proposed at a time; with ``mode="incremental"``
-(the default) the incremental simulator scores them (:mod:`placetool.costmodel.incremental`,
-exact, re-simulates only from the first event a move changes; on up to ``threads``
-cores, default numba's thread count), with ``mode="batch"`` the parallel batch
-simulator scores them together, each from scratch. The best neighbour of a batch faces the
+the latter. ``batch`` neighbours are proposed at a time. With ``mode="incremental"`` the
+incremental simulator scores them (:mod:`placetool.costmodel.incremental`, exact,
+re-simulates only from the first event a move changes, on up to ``threads`` cores,
+default numba's thread count; it must also re-simulate each accepted move with
+checkpoints), with ``mode="batch"`` the parallel batch simulator scores them together,
+each from scratch. Which is faster depends on the graph (where in the step a move's
+first changed event lies, how often moves are accepted); ``mode="auto"`` (the default)
+times both on the first batches and keeps the faster (``metadata["mode"]``,
+``metadata["us_per_evaluation"]``). The best neighbour of a batch faces the
 Metropolis rule; the path is traced again after an accepted move that touched it or
 changed the step time (a sideways move off the path leaves it in place). The
 temperature is relative (an uphill step of ``x`` times the current step time is taken
@@ -29,12 +33,139 @@ out of memory but faster than every feasible one are first fitted into memory
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
 from .base import BudgetExhausted, SearchError, get, register, seed_methods
 from .critical import CriticalMoves, CriticalPath
 from .memory import fit_memory
+
+
+#: how ``sa`` scores neighbours (see :class:`_Scorer`): ``auto`` times both engines as it goes
+MODES = ("auto", "incremental", "batch")
+
+
+class _Scorer:
+    """Scores ``sa``'s batches with one of two exact engines and keeps its base current.
+
+    ``incremental`` (:class:`~placetool.costmodel.incremental.IncrementalSimulator`,
+    every core) re-simulates each candidate from the first event it changes but must
+    re-simulate each accepted move with checkpoints; ``batch`` simulates every candidate
+    from scratch on every core. In ``auto`` mode both are timed: the first ``probe``
+    batches alternate between them (the first of each untimed: it pays for set-up), and
+    then, every ``period`` batches, ``recheck`` batches go to the engine not in use, as
+    the acceptance rate (and so the incremental engine's commits) falls over a run.
+    Costs are wall seconds per evaluation, moving averages; the incremental engine's
+    includes its commits at the current acceptance rate. The engines give the same
+    answers, so the choice changes only the speed.
+    """
+
+    def __init__(self, tracker, cost_model, cur, mode, checkpoints=None, threads=None, probe: int = 6,
+                 period: int = 64, recheck: int = 3):
+        self.tracker = tracker
+        self.mode = mode
+        self.inc = None
+        if mode != "batch":
+            from placetool.costmodel.incremental import IncrementalSimulator
+
+            self.inc = IncrementalSimulator(cost_model, cur, checkpoints=checkpoints, threads=threads)
+        self.cur = cur  # the assignment the incremental base should hold
+        self.stale = False  # the incremental base is behind ``cur``
+        self.probe, self.period, self.recheck = probe, period, recheck
+        self.batches = 0
+        self.in_use = "batch" if mode == "batch" else "incremental"
+        self.cost = {"incremental": None, "batch": None}  # seconds per evaluation
+        self.commit_s = 0.0  # seconds per commit (moving average)
+        self.timed = {"incremental": 0, "batch": 0}
+        self.accept_rate = 0.0  # accepted moves per evaluation (moving average)
+
+    def _engine(self) -> str:
+        if self.mode != "auto":
+            return self.mode
+        k = self.batches
+        if k < 2 * (self.probe + 1):
+            return ("incremental", "batch")[k % 2]
+        other = "batch" if self.in_use == "incremental" else "incremental"
+        return other if k % self.period < self.recheck else self.in_use
+
+    def _note(self, engine, seconds, n) -> None:
+        self.timed[engine] += 1
+        if self.timed[engine] == 1:  # set-up (compilation, thread pool, a stale base)
+            return
+        c = seconds / n
+        self.cost[engine] = c if self.cost[engine] is None else 0.8 * self.cost[engine] + 0.2 * c
+        inc, bat = self.cost["incremental"], self.cost["batch"]
+        if inc is not None and bat is not None:
+            self.in_use = "incremental" if inc + self.commit_s * self.accept_rate <= bat else "batch"
+
+    def score(self, cands, moved):
+        """(step, feasible, peak) of the candidates, recorded by the tracker; empty when
+        the budget is spent."""
+        engine = self._engine()
+        self.batches += 1
+        t0 = time.perf_counter()
+        if engine == "batch":
+            try:
+                r = self.tracker.evaluate(np.stack(cands))
+            except BudgetExhausted:
+                return np.zeros(0), np.zeros(0, bool), np.zeros((0, 0))
+            out = r.step_time_us, r.feasible, r.peak_memory_bytes
+        else:
+            if self.tracker.done():
+                return np.zeros(0), np.zeros(0, bool), np.zeros((0, 0))
+            if self.stale:
+                self.inc.commit(self.cur)
+                self.stale = False
+            rs = self.inc.evaluate_many([(g, a[g]) if g >= 0 else a for a, g in zip(cands, moved)])
+            out = (np.array([r.step_time_us for r in rs]), np.array([r.feasible for r in rs]),
+                   np.stack([r.peak_memory_bytes for r in rs]))
+            self.tracker.record(np.stack(cands), *out)
+        if self.mode == "auto":
+            self._note(engine, time.perf_counter() - t0, len(cands))
+        return out
+
+    def after_batch(self, n, accepted=None) -> None:
+        """A batch of ``n`` was scored; ``accepted`` is the new current assignment, or None."""
+        if self.mode == "auto":
+            self.accept_rate = 0.95 * self.accept_rate + 0.05 * (accepted is not None) / max(n, 1)
+        if accepted is None:
+            return
+        self.cur = accepted
+        if self.inc is None:
+            return
+        if self.mode == "auto" and self.in_use == "batch":
+            self.stale = True  # caught up when the incremental engine scores again
+            return
+        t0 = time.perf_counter()
+        self.inc.commit(accepted)
+        self.stale = False
+        dt = time.perf_counter() - t0
+        self.commit_s = dt if self.commit_s == 0.0 else 0.8 * self.commit_s + 0.2 * dt
+
+    def restart(self, a):
+        """Score ``a`` and make it the current assignment: (step, feasible, peak) or None
+        when the budget is spent."""
+        self.cur = a
+        if self.inc is not None and not (self.mode == "auto" and self.in_use == "batch"):
+            self.inc.set_base(a)
+            self.stale = False
+            b = self.inc.base
+            self.tracker.record(a[None, :], np.array([b.step_time_us]), np.array([b.feasible]),
+                                b.peak_memory_bytes[None, :])
+            return b.step_time_us, b.feasible, b.peak_memory_bytes
+        self.stale = self.inc is not None
+        try:
+            r = self.tracker.evaluate(a)
+        except BudgetExhausted:
+            return None
+        return r.step_time_us[0], r.feasible[0], r.peak_memory_bytes[0]
+
+    def metadata(self) -> dict:
+        out = {"mode": self.in_use if self.mode == "auto" else self.mode}
+        if self.mode == "auto":
+            out["us_per_evaluation"] = {k: None if v is None else 1e6 * v for k, v in self.cost.items()}
+        return out
 
 
 def objective(step, feasible, peak, capacity, feasible_ref: float = np.inf) -> np.ndarray:
@@ -106,14 +237,14 @@ def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
 
 
 @register("sa")
-def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = "incremental", batch: int = 8,
+def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = "auto", batch: int = 8,
            guided: float = 0.7, swap: float = 0.1, accept_start: float = 0.05, accept_end: float = 0.001,
            window: int = 50, patience: int | None = None, seeds=None, checkpoints: int | None = None,
            threads: int | None = None):
     """Simulated annealing with moves aimed at the simulated critical path (see the
     module docstring); returns metadata."""
-    if mode not in ("incremental", "batch"):
-        raise SearchError(f"sa: mode must be 'incremental' or 'batch', got {mode!r}")
+    if mode not in MODES:
+        raise SearchError(f"sa: mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
     if moves not in ("critical", "random"):
         raise SearchError(f"sa: moves must be 'critical' or 'random', got {moves!r}")
     rng = np.random.default_rng(seed)
@@ -163,66 +294,36 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
         a, g = random_neighbour(cur)
         return a, g, "random"
 
-    inc = None
     cur_obj, _, cur = seeds_[0]
     cur = cur.copy()
     # infeasible placements score at least 1.5x the best feasible seed (see objective)
     ref = tracker.best_feasible_us
-    if mode == "incremental":
-        from placetool.costmodel.incremental import IncrementalSimulator
-
-        inc = IncrementalSimulator(cm, cur, checkpoints=checkpoints, threads=threads)
+    scorer = _Scorer(tracker, cm, cur, mode, checkpoints=checkpoints, threads=threads)
     cp = CriticalPath(cm, cur) if guide is not None else None
-
-    def score(cands, moved):
-        """Objectives of the candidates (all of them counted by the tracker)."""
-        if inc is None:
-            try:
-                r = tracker.evaluate(np.stack(cands))
-            except BudgetExhausted:
-                return np.zeros(0)
-            return objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap, ref)
-        if tracker.done():
-            return np.zeros(0)
-        # the batch on every core numba may use (same answers as one move at a time)
-        rs = inc.evaluate_many([(g, a[g]) if g >= 0 else a for a, g in zip(cands, moved)])
-        tracker.record(np.stack(cands), np.array([r.step_time_us for r in rs]), np.array([r.feasible for r in rs]),
-                       np.stack([r.peak_memory_bytes for r in rs]))
-        return np.array([r.step_time_us if r.feasible else
-                         objective([r.step_time_us], [r.feasible], r.peak_memory_bytes[None, :], cap, ref)[0]
-                         for r in rs])
 
     def restart_from(a):
         nonlocal cp
-        if inc is not None:
-            inc.set_base(a)
-            b = inc.base
-            tracker.record(a[None, :], np.array([b.step_time_us]), np.array([b.feasible]),
-                           b.peak_memory_bytes[None, :])
-            o = float(objective([b.step_time_us], [b.feasible], b.peak_memory_bytes[None, :], cap, ref)[0])
-        else:
-            try:
-                r = tracker.evaluate(a)
-            except BudgetExhausted:
-                return np.inf
-            o = float(objective(r.step_time_us, r.feasible, r.peak_memory_bytes, cap, ref)[0])
+        r = scorer.restart(a)
+        if r is None:
+            return np.inf
         if guide is not None:
             cp = CriticalPath(cm, a)
-        return o
+        return float(objective([r[0]], [r[1]], np.atleast_2d(r[2]), cap, ref)[0])
 
     T = 0.02
     hist = []  # uphill proposals: 1 accepted, 0 rejected (the last ``window``)
     run_best, since_best, next_seed = cur_obj, 0, 1
-    n_batch = 1 if inc is not None and guide is None else batch
+    n_batch = 1 if mode == "incremental" and guide is None else batch
 
     while not tracker.done():
         # ---- propose a batch of neighbours and score them together
         n = min(n_batch, tracker.remaining_evals())
         props = [neighbour(cur, cp) for _ in range(n)]
         cand = [x[0] for x in props]
-        objs = score(cand, [x[1] for x in props])
-        if not len(objs):
+        steps, feasible, peak = scorer.score(cand, [x[1] for x in props])
+        if not len(steps):
             break
+        objs = objective(steps, feasible, peak, cap, ref)
         # ---- Metropolis on the best neighbour of the batch
         meta["proposals"] += len(objs)
         i = int(np.argmin(objs))
@@ -237,15 +338,16 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
             meta["accepted_by_kind"][kind] = meta["accepted_by_kind"].get(kind, 0) + 1
             moved = np.flatnonzero(cand[i] != cur)
             prev, cur, cur_obj = cur, cand[i], float(objs[i])
-            if inc is not None:
-                inc.commit(cur)
+            scorer.after_batch(len(cand), cur)
             if guide is not None and moved.size:
                 # tracing costs a traced simulation and more than the commit: most accepted
                 # moves are sideways steps off the path, which leave it where it was
-                if cp.still_holds(moved, inc.base_step_us if inc is not None else np.nan):
+                if cp.still_holds(moved, float(steps[i])):
                     cp.moved(moved, prev[moved], cur[moved], problem.group_time)
                 else:
                     cp = CriticalPath(cm, cur)
+        else:
+            scorer.after_batch(len(cand))
         if cur_obj < run_best * (1 - 1e-12):
             run_best, since_best = cur_obj, 0
         else:
@@ -271,4 +373,5 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
             cur_obj = restart_from(cur)
             run_best, since_best, T = cur_obj, 0, max(T, 0.02)
     meta["temperature"] = T
+    meta.update(scorer.metadata())
     return meta

@@ -54,7 +54,7 @@ def test_the_brute_force_instance_is_not_solved_by_the_simple_baselines(eight):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("mode", ["incremental", "batch"])
+@pytest.mark.parametrize("mode", ["auto", "incremental", "batch"])
 def test_sa_finds_the_brute_force_optimum(eight, mode):
     cm, best = eight
     # seeded only by `single`, so the annealing itself must find it, in < half the space
@@ -154,6 +154,23 @@ def test_tpe_bad_storage_is_a_clear_error():
     cm = CostModel(presets.load_graph("synthetic-200"), presets.load_cluster("k80x2"))
     with pytest.raises(SearchError, match="cannot open Optuna storage"):
         run("tpe", Problem(cm), Budget(evals=40), seed=0, storage="nosuchdb://x/y", seeds=("single",))
+
+
+@pytest.mark.timeout(120)
+def test_sa_engines_give_the_same_run():
+    """Whichever engine scores the batches (auto switches between them as it times
+    them), a run under an evaluation budget takes the same steps to the same answer."""
+    cm = CostModel(presets.load_graph("synthetic-300"), presets.load_cluster("k80x4"))
+    runs = {m: run("sa", Problem(cm), Budget(evals=600), seed=3, mode=m, threads=2)
+            for m in ("auto", "incremental", "batch")}
+    auto = runs["auto"].metadata
+    assert auto["mode"] in ("incremental", "batch")
+    assert all(v is not None and v > 0 for v in auto["us_per_evaluation"].values())  # both timed
+    assert runs["incremental"].metadata["mode"] == "incremental" and runs["batch"].metadata["mode"] == "batch"
+    for m in ("incremental", "batch"):
+        assert np.array_equal(runs[m].assignment, runs["auto"].assignment)
+        assert [(e, b) for e, _, b in runs[m].history] == [(e, b) for e, _, b in runs["auto"].history]
+        assert runs[m].metadata["accepted"] == auto["accepted"] and runs[m].metadata["restarts"] == auto["restarts"]
 
 
 def test_sa_rejects_an_unknown_mode():
