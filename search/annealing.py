@@ -52,10 +52,12 @@ class _Scorer:
     ``incremental`` (:class:`~placetool.costmodel.incremental.IncrementalSimulator`,
     every core) re-simulates each candidate from the first event it changes but must
     re-simulate each accepted move with checkpoints; ``batch`` simulates every candidate
-    from scratch on every core. In ``auto`` mode both are timed: the first ``probe``
-    batches alternate between them (the first of each untimed: it pays for set-up), and
-    then, every ``period`` batches, ``recheck`` batches go to the engine not in use, as
-    the acceptance rate (and so the incremental engine's commits) falls over a run.
+    from scratch on every core. In ``auto`` mode both are timed: the first batches
+    alternate between them until each has been timed ``probe`` times (its first batch
+    untimed: it pays for set-up), and then, every ``period`` batches, ``recheck`` batches
+    go to the engine not in use, as the acceptance rate (and so the incremental engine's
+    commits) falls over a run. While the batch engine is in use the incremental base is
+    left behind and caught up, untimed, when the incremental engine scores again.
     Costs are wall seconds per evaluation, moving averages; the incremental engine's
     includes its commits at the current acceptance rate. The engines give the same
     answers, so the choice changes only the speed.
@@ -91,7 +93,7 @@ class _Scorer:
 
     def _note(self, engine, seconds, n) -> None:
         self.timed[engine] += 1
-        if self.timed[engine] == 1:  # set-up (compilation, thread pool, a stale base)
+        if self.timed[engine] == 1:  # set-up: compilation, workspaces, the thread pool
             return
         c = seconds / n
         self.cost[engine] = c if self.cost[engine] is None else 0.8 * self.cost[engine] + 0.2 * c
@@ -104,6 +106,9 @@ class _Scorer:
         the budget is spent."""
         engine = self._engine()
         self.batches += 1
+        if engine == "incremental" and self.stale and not self.tracker.done():
+            self.inc.commit(self.cur)  # catching up after the batch engine's turn: not its cost per move
+            self.stale = False
         t0 = time.perf_counter()
         if engine == "batch":
             try:
@@ -114,9 +119,6 @@ class _Scorer:
         else:
             if self.tracker.done():
                 return np.zeros(0), np.zeros(0, bool), np.zeros((0, 0))
-            if self.stale:
-                self.inc.commit(self.cur)
-                self.stale = False
             rs = self.inc.evaluate_many([(g, a[g]) if g >= 0 else a for a, g in zip(cands, moved)])
             out = (np.array([r.step_time_us for r in rs]), np.array([r.feasible for r in rs]),
                    np.stack([r.peak_memory_bytes for r in rs]))
