@@ -169,7 +169,6 @@ class IncrementalSimulator:
         jobs = [self._assignment_job(m) if isinstance(m, np.ndarray) else self._move_job(*m) for m in moves]
         todo = [i for i, j in enumerate(jobs) if not isinstance(j, MoveResult)]
         k = min(self.threads, len(todo))
-        runs = {}
         if k <= 1:
             runs = {i: self._run_job(self.w, jobs[i]) for i in todo}
         else:

@@ -14,8 +14,8 @@ default numba's thread count; it must also re-simulate each accepted move with
 checkpoints), with ``mode="batch"`` the parallel batch simulator scores them together,
 each from scratch. Which is faster depends on the graph (where in the step a move's
 first changed event lies, how often moves are accepted); ``mode="auto"`` (the default)
-times both on the first batches and keeps the faster (``metadata["mode"]``,
-``metadata["us_per_evaluation"]``). The best neighbour of a batch faces the
+times both as it goes and scores with the faster (the one in use at the end:
+``metadata["mode"]``; ``metadata["us_per_evaluation"]``). The best neighbour of a batch faces the
 Metropolis rule; the path is traced again after an accepted move that touched it or
 changed the step time (a sideways move off the path leaves it in place). The
 temperature is relative (an uphill step of ``x`` times the current step time is taken
