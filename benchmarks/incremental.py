@@ -167,7 +167,8 @@ def record_annealing(problem, seconds: float, seed: int) -> list:
     _Recorder.log = []
     incremental.IncrementalSimulator = _Recorder
     try:
-        run("sa", problem, Budget(seconds=seconds), seed=seed)
+        # every batch through the incremental engine (mode=auto would hand some to the other)
+        run("sa", problem, Budget(seconds=seconds), seed=seed, mode="incremental")
     finally:
         incremental.IncrementalSimulator = _Recorder.real
     return _Recorder.log
