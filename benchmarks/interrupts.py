@@ -19,47 +19,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pty
 import random
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-# the CLI as a terminal's foreground process runs it (a background job inherits an ignored
-# SIGINT), with faulthandler on so that a crash leaves its stack
-FOREGROUND = ("import faulthandler, signal, sys; faulthandler.enable(); "
-              "signal.signal(signal.SIGINT, signal.default_int_handler); "
-              "sys.argv[0] = 'placetool'; from placetool.cli.main import main; main()")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from tests.helpers import ForegroundRun  # noqa: E402  (the CLI on a terminal, as the signal tests start it)
 
 def trial(args, delay: float, workdir: Path) -> tuple[str, str]:
     """One run interrupted ``delay`` s after its first scored placement: (outcome, terminal text)."""
-    master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-c", FOREGROUND, "search", "-g", args.graph, "-c", args.cluster,
-                          "-m", args.method, "--budget-seconds", "300", "-o", "best.json"], cwd=workdir,
-                         stdout=subprocess.PIPE, stderr=slave, text=True, start_new_session=True)
-    os.close(slave)
-    seen = bytearray()
-
-    def read():
-        while True:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:  # the other end closed
-                return
-            if not chunk:
-                return
-            seen.extend(chunk)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
+    with ForegroundRun(["search", "-g", args.graph, "-c", args.cluster, "-m", args.method, "--budget-seconds", "300",
+                        "-o", "best.json"], workdir) as run:
+        p = run.proc
         end = time.monotonic() + 120
-        while b"best " not in seen and p.poll() is None and time.monotonic() < end:
+        while b"best " not in run.seen and p.poll() is None and time.monotonic() < end:
             time.sleep(0.005)
         time.sleep(delay)
         p.send_signal(args.sig)
@@ -77,14 +55,7 @@ def trial(args, delay: float, workdir: Path) -> tuple[str, str]:
                 outcome = f"crashed ({signal.Signals(-p.returncode).name})"
             else:
                 outcome = f"failed (exit {p.returncode})"
-        reader.join(2)
-    finally:
-        if p.poll() is None:
-            p.kill()
-        os.close(master)
-    # the last state of each progress-bar line, then stdout
-    lines = [line.rsplit("\r", 1)[-1] for line in bytes(seen).decode(errors="replace").split("\n")]
-    return outcome, "\n".join(lines) + "\n--- stdout ---\n" + out
+    return outcome, "\n".join(run.lines()) + "\n--- stdout ---\n" + out
 
 
 def main(argv=None) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import networkx as nx
 
 from placetool.costmodel import Cluster
@@ -89,3 +91,59 @@ def assignments(cm):
     from hypothesis import strategies as st
 
     return st.lists(st.integers(0, cm.n_devices - 1), min_size=cm.graph.n_groups, max_size=cm.graph.n_groups)
+
+
+# The placetool CLI as a terminal's foreground process runs it: SIGINT raises
+# KeyboardInterrupt. A shell starts background jobs with SIGINT ignored, and Python keeps
+# an inherited SIG_IGN, so when the caller itself runs as such a job (`make test &`) a
+# child started plainly would never see the Ctrl-C it is sent.
+# (faulthandler: should the process crash, its stack lands in its terminal output)
+FOREGROUND = ("import faulthandler, signal, sys; faulthandler.enable(); "
+              "signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "sys.argv[0] = 'placetool'; from placetool.cli.main import main; main()")
+
+
+class ForegroundRun:
+    """``placetool ARGS`` run as a terminal's foreground process: stderr on a
+    pseudo-terminal (so the progress bar shows), read as it comes into ``seen``; stdout
+    piped (``proc``). On leaving the ``with`` block the process is killed if still
+    running and the terminal closed, once its output has been read to the end."""
+
+    def __init__(self, args, cwd):
+        import pty
+        import subprocess
+        import sys
+        import threading
+
+        self._master, slave = pty.openpty()
+        self.proc = subprocess.Popen([sys.executable, "-c", FOREGROUND, *args], cwd=cwd, stdout=subprocess.PIPE,
+                                     stderr=slave, text=True, start_new_session=True)
+        os.close(slave)
+        self.seen = bytearray()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        while True:
+            try:
+                chunk = os.read(self._master, 4096)
+            except OSError:  # the other end closed
+                return
+            if not chunk:
+                return
+            self.seen.extend(chunk)
+
+    def lines(self) -> list[str]:
+        """The terminal's lines so far, each in its last state (progress bars redraw with \\r)."""
+        return [line.rsplit("\r", 1)[-1] for line in bytes(self.seen).decode(errors="replace").split("\n")]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is not None:
+            self._reader.join(5)
+        else:
+            self.proc.kill()
+            self.proc.communicate()
+        os.close(self._master)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from .helpers import ForegroundRun
+
 SWEEP = """[sweep]
 graphs = ["synthetic-300"]
 clusters = ["k80x2"]
@@ -17,16 +19,6 @@ methods = ["sa"]
 seeds = [0, 1, 2, 3]
 budget_seconds = 60
 """
-
-
-# The placetool CLI as a terminal's foreground process runs it: SIGINT raises
-# KeyboardInterrupt. A shell starts background jobs with SIGINT ignored, and Python keeps
-# an inherited SIG_IGN, so when this suite itself runs as such a job (`make test &`) a
-# child started plainly would never see the Ctrl-C the test sends.
-# (faulthandler: should the process crash, its stack lands in the failure message)
-FOREGROUND = ("import faulthandler, signal, sys; faulthandler.enable(); "
-              "signal.signal(signal.SIGINT, signal.default_int_handler); "
-              "sys.argv[0] = 'placetool'; from placetool.cli.main import main; main()")
 
 
 def session_pids(sid: int) -> list[int]:
@@ -97,43 +89,18 @@ def test_interrupted_search_keeps_the_best_so_far(tmp_path, sig, code):
     """Ctrl-C or SIGTERM during `search`: the best placement found so far is written and
     printed, the exit status says why, and no process of the run is left."""
     import json
-    import pty
-    import threading
 
     # stderr on a terminal, so the progress bar shows: it says when a placement was scored
-    master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-c", FOREGROUND, "search", "-g", "synthetic-300", "-c", "k80x2",
-                          "-m", "sa", "--budget-seconds", "300", "-o", "best.json"], cwd=tmp_path,
-                         stdout=subprocess.PIPE, stderr=slave, text=True, start_new_session=True)
-    os.close(slave)
-    seen = bytearray()
-
-    def read():
-        while True:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:  # the other end closed
-                return
-            if not chunk:
-                return
-            seen.extend(chunk)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        assert wait_for(lambda: b"best " in seen, 120), (bytes(seen), p.poll())
+    with ForegroundRun(["search", "-g", "synthetic-300", "-c", "k80x2", "-m", "sa", "--budget-seconds", "300",
+                        "-o", "best.json"], tmp_path) as run:
+        p = run.proc
+        assert wait_for(lambda: b"best " in run.seen, 120), (bytes(run.seen), p.poll())
         p.send_signal(sig)
         try:
             out, _ = p.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            lines = [line.rsplit("\r", 1)[-1] for line in bytes(seen).decode(errors="replace").split("\n")]
-            pytest.fail(f"no exit within 60 s of {sig.name}; its terminal said:\n" + "\n".join(lines[-60:]))
-        reader.join(5)
-    finally:
-        if p.poll() is None:
-            p.kill()
-        os.close(master)
-    err = bytes(seen).decode(errors="replace")
+            pytest.fail(f"no exit within 60 s of {sig.name}; its terminal said:\n" + "\n".join(run.lines()[-60:]))
+    err = bytes(run.seen).decode(errors="replace")
     assert p.returncode == code, err
     last = err.strip().splitlines()[-1]
     assert last == f"placetool: {'interrupted' if code == 130 else 'terminated'} after " + last.split(" after ")[1]
