@@ -155,38 +155,37 @@ class IncrementalSimulator:
     # ----------------------------------------------------------------- moves
     def evaluate_move(self, group: int, device: int) -> MoveResult:
         """Score moving one group to ``device`` (the base is unchanged)."""
-        job = self._move_job(group, device)
-        return job if isinstance(job, MoveResult) else self._result(job, self._run_job(self.w, job))
+        return self._score(self._move_job(group, device))
 
     def evaluate(self, assignment) -> MoveResult:
         """Score an assignment that differs from the base in a few groups."""
-        job = self._assignment_job(assignment)
-        return job if isinstance(job, MoveResult) else self._result(job, self._run_job(self.w, job))
+        return self._score(self._assignment_job(assignment))
 
     def evaluate_many(self, moves) -> list[MoveResult]:
         """Score several moves of the base, each a ``(group, device)`` pair or a whole
         assignment, in parallel; the same answers as one call per move."""
         jobs = [self._assignment_job(m) if isinstance(m, np.ndarray) else self._move_job(*m) for m in moves]
         todo = [i for i, j in enumerate(jobs) if not isinstance(j, MoveResult)]
-        k = min(self.threads, len(todo))
-        if k <= 1:
-            runs = {i: self._run_job(self.w, jobs[i]) for i in todo}
-        else:
-            while len(self._more_w) < k - 1:
-                self._more_w.append(K.work_for(self.net))
-            if self._pool is None or self._pool_pid != os.getpid():  # a forked child has no pool threads
-                self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="placetool-incremental")
-                self._pool_pid = os.getpid()
+        k = max(1, min(self.threads, len(todo)))
+        while len(self._more_w) < k - 1:
+            self._more_w.append(K.work_for(self.net))
+        if k > 1 and (self._pool is None or self._pool_pid != os.getpid()):  # a forked child has no pool threads
+            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="placetool-incremental")
+            self._pool_pid = os.getpid()
 
-            def share(t):
-                w = self.w if t == 0 else self._more_w[t - 1]
-                return {i: self._run_job(w, jobs[i]) for i in todo[t::k]}
+        def share(t):
+            w = self.w if t == 0 else self._more_w[t - 1]
+            return {i: self._run_job(w, jobs[i]) for i in todo[t::k]}
 
-            futures = [self._pool.submit(share, t) for t in range(1, k)]
-            runs = share(0)  # this thread takes a share too
-            for f in futures:
-                runs.update(f.result())
+        futures = [self._pool.submit(share, t) for t in range(1, k)]
+        runs = share(0)  # this thread takes a share too
+        for f in futures:
+            runs.update(f.result())
         return [self._result(j, runs[i]) if i in runs else j for i, j in enumerate(jobs)]
+
+    def _score(self, job) -> MoveResult:
+        """One job on this thread (a job that is already a result is the base's)."""
+        return job if isinstance(job, MoveResult) else self._result(job, self._run_job(self.w, job))
 
     def _move_job(self, group, device):
         """(ops, devices, checkpoint) of moving one group, or the base's result if it stays."""
