@@ -8,7 +8,8 @@ ended. The walk collects the ops on that chain and the transfers on it (as produ
 assignments that can shorten it: pull a transfer's two ends onto one device, move a
 critical group to a neighbouring group's device, put a run of consecutive critical
 groups on one device, move a critical group off the busiest device, swap a critical
-group with one elsewhere.
+group with one elsewhere, move a connected region of groups around a critical one to the
+device most of its neighbours are on.
 """
 
 from __future__ import annotations
@@ -81,6 +82,34 @@ def _walk(placement, op_start, op_end, in_ptr, in_tensor, tensor_op, cpred_ptr, 
             nc += 1
         v = nxt
     return nc
+
+
+@njit(cache=True)
+def _region(start, size, cur, nb_ptr, nb, movable, seen, stamp, out, boundary):
+    """Breadth-first from group ``start`` over neighbouring movable groups on its device,
+    up to ``size`` of them, into ``out``; returns the count. ``boundary[d]`` counts the
+    region's neighbours on each other device d (zeroed by the caller). ``seen`` holds
+    ``stamp`` for groups visited in this call, so it is never cleared."""
+    d = cur[start]
+    out[0] = start
+    seen[start] = stamp
+    n = 1
+    head = 0
+    while head < n:
+        k = out[head]
+        head += 1
+        for j in range(nb_ptr[k], nb_ptr[k + 1]):
+            h = nb[j]
+            if seen[h] == stamp:
+                continue
+            if cur[h] != d:
+                seen[h] = stamp
+                boundary[cur[h]] += 1
+            elif n < size and movable[h]:
+                seen[h] = stamp
+                out[n] = h
+                n += 1
+    return n
 
 
 _INPUTS = weakref.WeakKeyDictionary()
@@ -157,9 +186,9 @@ class CriticalPath:
 class CriticalMoves:
     """Neighbour assignments aimed at a critical path (see the module docstring)."""
 
-    KINDS = ("pull", "neighbour", "chain", "offload", "swap")
+    KINDS = ("pull", "neighbour", "chain", "offload", "swap", "region")
 
-    def __init__(self, problem, rng, chain_max: int = 8):
+    def __init__(self, problem, rng, chain_max: int = 8, region_max: int | None = None):
         from .partition import group_edges
 
         self.problem = problem
@@ -172,15 +201,20 @@ class CriticalMoves:
         o = np.argsort(both_s, kind="stable")
         self.nb_ptr = np.searchsorted(both_s[o], np.arange(problem.n_groups + 1))
         self.nb = both_d[o]
+        # a region move takes up to region_max groups: by default a share of one device's
+        # groups in a balanced split, so it can move a whole stage of a pipeline
+        G, D = problem.n_groups, problem.n_devices
+        self.region_max = max(2, int(region_max if region_max is not None else G // (2 * D)))
+        self._seen = np.zeros(G, np.int64)
+        self._stamp = 0
+        self._out = np.zeros(G, np.int64)
 
     def _set(self, a, groups, dev) -> bool:
         """Put every movable group of ``groups`` that may run on ``dev`` there."""
-        changed = False
-        for k in np.atleast_1d(groups):
-            if self.movable[k] and self.allowed[k, dev] and a[k] != dev:
-                a[k] = dev
-                changed = True
-        return changed
+        g = np.atleast_1d(groups)
+        g = g[self.movable[g] & self.allowed[g, dev] & (a[g] != dev)]
+        a[g] = dev
+        return bool(g.size)
 
     def propose(self, cur, cp: CriticalPath, kind: str):
         """One neighbour of ``cur`` of the given kind, or None when the path offers none."""
@@ -217,6 +251,24 @@ class CriticalMoves:
             load[cur[k]] = np.inf
             dev = int(np.argmin(load))
             return a if np.isfinite(load[dev]) and self._set(a, k, dev) else None
+        if kind == "region":
+            # a connected region around a critical group, of log-uniform size, joins the
+            # device most of its neighbours elsewhere are on (large moves, few new transfers)
+            k = groups[rng.integers(len(groups))]
+            size = int(2 ** rng.uniform(1, np.log2(self.region_max) + 1e-9))
+            self._stamp += 1
+            boundary = np.zeros(self.problem.n_devices, np.int64)
+            n = _region(k, size, cur, self.nb_ptr, self.nb, self.movable, self._seen, self._stamp, self._out, boundary)
+            boundary[~self.allowed[k]] = 0
+            if boundary.sum() == 0:
+                devs = np.flatnonzero(self.allowed[k])
+                devs = devs[devs != cur[k]]
+                if not len(devs):
+                    return None
+                dev = devs[rng.integers(len(devs))]
+            else:
+                dev = int(rng.choice(len(boundary), p=boundary / boundary.sum()))
+            return a if self._set(a, self._out[:n], dev) else None
         if kind == "swap":
             k = groups[rng.integers(len(groups))]
             for _ in range(8):
