@@ -2,31 +2,34 @@
 
 With ``moves="critical"`` (the default) a share ``guided`` of the neighbours comes from
 the simulated critical path of the current placement
-(:class:`placetool.search.critical.CriticalMoves`: pull a transfer on the path onto
-one device, move a critical group to a neighbour's device, put a run of critical groups
-on one device, move a critical group off the busiest device, swap one with a group
-elsewhere); the rest move one random group to another device it may use (or, with
-probability ``swap``, exchange the devices of two groups). ``moves="random"`` uses only
-the latter. ``batch`` neighbours are proposed at a time. With ``mode="incremental"`` the
-incremental simulator scores them (:mod:`placetool.costmodel.incremental`, exact,
-re-simulates only from the first event a move changes, on up to ``threads`` cores,
-default numba's thread count; it must also re-simulate each accepted move with
-checkpoints), with ``mode="batch"`` the parallel batch simulator scores them together,
-each from scratch. Which is faster depends on the graph (where in the step a move's
-first changed event lies, how often moves are accepted); ``mode="auto"`` (the default)
-times both as it goes and scores with the faster (the one in use at the end:
-``metadata["mode"]``; ``metadata["us_per_evaluation"]``). The best neighbour of a batch faces the
-Metropolis rule; the path is traced again after an accepted move that touched it or
-changed the step time (a sideways move off the path leaves it in place). The
-temperature is relative (an uphill step of ``x`` times the current step time is taken
-with probability ``exp(-x / T)``) and adapts to keep the uphill acceptance rate near a target
-that falls from ``accept_start`` to ``accept_end`` over the budget. Runs start from the
-best placement of the seeding methods (every baseline and list scheduler registered with
-a seed position) and restart, re-heated, from the best placement seen or the next seed
-when a run stops improving. Out-of-memory placements score ``max(step, best feasible
-seed's step) * (1.5 + overflow fraction)``, so they can be crossed but are never
-preferred to a feasible one; the tracker reports the best feasible one. Seeds that are
-out of memory but faster than every feasible one are first fitted into memory
+(:class:`placetool.search.critical.CriticalMoves`: pull a transfer on the path onto one
+device, move a critical group to a neighbour's device, put a run of critical groups on one
+device, move a critical group off the busiest device, swap one with a group elsewhere,
+move a connected region around a critical group to the device most of its neighbours are
+on; ``kinds`` picks some of them). With ``adapt`` (the default) a kind is drawn half
+uniformly, half in proportion to how often its moves improved lately (:class:`KindOdds`;
+``metadata["kind_odds"]``). The rest move one random group to another device it may use
+(or, with probability ``swap``, exchange the devices of two groups); ``moves="random"``
+uses only the latter. ``batch`` neighbours are proposed at a time. With
+``mode="incremental"`` the incremental simulator scores them
+(:mod:`placetool.costmodel.incremental`, exact, re-simulates only from the first event a
+move changes, on up to ``threads`` cores, default numba's thread count; it must also
+re-simulate each accepted move with checkpoints), with ``mode="batch"`` the parallel batch
+simulator scores them together, each from scratch. Which is faster depends on the graph
+(where in the step a move's first changed event lies, how often moves are accepted);
+``mode="auto"`` (the default) times both as it goes and scores with the faster (the one in
+use at the end: ``metadata["mode"]``; ``metadata["us_per_evaluation"]``). The best
+neighbour of a batch faces the Metropolis rule; the path is traced again after an accepted
+move that touched it or changed the step time (a sideways move off the path leaves it in
+place). The temperature is relative (an uphill step of ``x`` times the current step time
+is taken with probability ``exp(-x / T)``) and adapts to keep the uphill acceptance rate
+near a target that falls from ``accept_start`` to ``accept_end`` over the budget. Runs
+start from the best placement of the seeding methods (every baseline and list scheduler
+registered with a seed position) and restart, re-heated, from the best placement seen or
+the next seed when a run stops improving. Out-of-memory placements score ``max(step, best
+feasible seed's step) * (1.5 + overflow fraction)``, so they can be crossed but are never
+preferred to a feasible one; the tracker reports the best feasible one. Seeds that are out
+of memory but faster than every feasible one are first fitted into memory
 (:func:`placetool.search.memory.fit_memory`) and join the seeds as ``NAME (fitted)``.
 """
 
@@ -170,6 +173,38 @@ class _Scorer:
         return out
 
 
+class KindOdds:
+    """How often ``sa`` draws each kind of guided move: half uniform, half in proportion to
+    each kind's recent rate of improving moves (the best of a batch that beat the current
+    placement), with a prior of 1 in 20; counts halve every ``1000 * len(kinds)`` proposals
+    so the odds follow the search as it moves on."""
+
+    def __init__(self, kinds):
+        self.kinds = tuple(kinds)
+        self.index = {k: j for j, k in enumerate(self.kinds)}
+        self.used = np.zeros(len(self.kinds))
+        self.won = np.zeros(len(self.kinds))
+
+    def odds(self) -> np.ndarray:
+        rate = (self.won + 1.0) / (self.used + 20.0)
+        return 0.5 / len(self.kinds) + 0.5 * rate / rate.sum()
+
+    def draw(self, rng) -> str:
+        return self.kinds[rng.choice(len(self.kinds), p=self.odds())]
+
+    def record(self, kinds, best: str, improved: bool) -> None:
+        """A batch of proposals of ``kinds`` whose best, of kind ``best``, did or did not improve."""
+        for k in kinds:
+            j = self.index.get(k)
+            if j is not None:
+                self.used[j] += 1
+        if improved and best in self.index:
+            self.won[self.index[best]] += 1
+        if self.used.sum() >= 1000 * len(self.kinds):
+            self.used *= 0.5
+            self.won *= 0.5
+
+
 def objective(step, feasible, peak, capacity, feasible_ref: float = np.inf) -> np.ndarray:
     """What annealing minimises: the step time, or over memory a penalised one that is
     at least 1.5x ``feasible_ref`` (the step time of a feasible placement; inf when none
@@ -242,7 +277,7 @@ def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
 def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = "auto", batch: int = 8,
            guided: float = 0.7, swap: float = 0.1, accept_start: float = 0.05, accept_end: float = 0.001,
            window: int = 50, patience: int | None = None, seeds=None, checkpoints: int | None = None,
-           threads: int | None = None):
+           threads: int | None = None, kinds=None, adapt: bool = True):
     """Simulated annealing with moves aimed at the simulated critical path (see the
     module docstring); returns metadata."""
     if mode not in MODES:
@@ -263,7 +298,13 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
     patience = patience or max(64, 8 * movable.size)
     ok_lists = [np.flatnonzero(allowed[k]) for k in range(problem.n_groups)]
     guide = CriticalMoves(problem, rng) if moves == "critical" else None
-    kinds = CriticalMoves.KINDS
+    if kinds is None:
+        kinds = CriticalMoves.KINDS
+    else:
+        kinds = tuple(k.strip() for k in kinds.split(",")) if isinstance(kinds, str) else kinds
+        bad = [k for k in kinds if k not in CriticalMoves.KINDS] if isinstance(kinds, (tuple, list)) else [kinds]
+        if bad or not kinds:
+            raise SearchError(f"sa: kinds must be some of {', '.join(CriticalMoves.KINDS)}, got {bad or 'none'}")
 
     def progress():
         if budget.evals is not None:
@@ -285,10 +326,12 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
         a[g] = others[rng.integers(others.size)]
         return a, g
 
+    odds = KindOdds(kinds)
+
     def neighbour(cur, cp):
         """(new assignment, moved group or -1, kind of move)."""
         if guide is not None and cp is not None and rng.random() < guided:
-            kind = kinds[rng.integers(len(kinds))]
+            kind = odds.draw(rng) if adapt else kinds[rng.integers(len(kinds))]
             a = guide.propose(cur, cp, kind)
             if a is not None:
                 diff = np.flatnonzero(a != cur)
@@ -334,6 +377,8 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
         acc = bool(np.isfinite(o) and (d <= 0 or rng.random() < math.exp(-d / max(T, 1e-12))))
         if not d <= 0:  # only uphill steps tell how hot it is
             hist.append(1 if acc else 0)
+        if adapt:
+            odds.record([x[2] for x in props], props[i][2], bool(d < 0))
         if acc:
             meta["accepted"] += 1
             kind = props[i][2]
@@ -375,5 +420,7 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
             cur_obj = restart_from(cur)
             run_best, since_best, T = cur_obj, 0, max(T, 0.02)
     meta["temperature"] = T
+    if adapt:
+        meta["kind_odds"] = dict(zip(kinds, np.round(odds.odds(), 3).tolist()))
     meta.update(scorer.metadata())
     return meta

@@ -230,10 +230,58 @@ def test_critical_path_is_kept_only_for_sideways_moves_off_it():
     assert cp.busy_us.tolist() == [2.5, 0.0]
 
 
+def test_region_move_takes_a_connected_region_to_a_neighbours_device():
+    import networkx as nx
+
+    from placetool.search.critical import CriticalMoves, CriticalPath, _region
+    from tests.helpers import cluster
+
+    # a0 -> a1 -> a2 -> a3 -> a4 and a2 -> x; a0-a2 on gpu 0, a3-a4 on gpu 1, x on gpu 2
+    g = nx.DiGraph()
+    names = ["a0", "a1", "a2", "a3", "a4", "x"]
+    for name in names:
+        g.add_node(name, op_type="Op", out_bytes=4)
+    g.add_edges_from([("a0", "a1"), ("a1", "a2"), ("a2", "a3"), ("a3", "a4"), ("a2", "x")], bytes=4)
+    cl = cluster(3, latency=1.0, bandwidth=1.0, kinds=["gpu"] * 3)
+    p = Problem(CostModel(OpGraph.from_networkx(g, "region"), cl, op_times=np.ones((6, 3))))
+    grp = {n: int(p.graph.group[p.graph.names.index(n)]) for n in names}
+    a = np.zeros(p.n_groups, np.int32)
+    a[[grp["a3"], grp["a4"]]] = 1
+    a[grp["x"]] = 2
+    mv = CriticalMoves(p, np.random.default_rng(0), region_max=8)
+    out = np.zeros(p.n_groups, np.int64)
+    boundary = np.zeros(3, np.int64)
+    n = _region(grp["a1"], 8, a, mv.nb_ptr, mv.nb, mv.movable, np.zeros(p.n_groups, np.int64), 1, out, boundary)
+    assert sorted(out[:n].tolist()) == sorted(grp[k] for k in ("a0", "a1", "a2"))
+    assert boundary.tolist() == [0, 1, 1]  # a3 on gpu 1, x on gpu 2, each counted once
+    n = _region(grp["a1"], 2, a, mv.nb_ptr, mv.nb, mv.movable, np.zeros(p.n_groups, np.int64), 1, out,
+                np.zeros(3, np.int64))
+    assert n == 2 and out[0] == grp["a1"]
+    # every proposal moves a connected run of the chain's gpu-0 part, or a3-a4, or x, to a
+    # device a neighbour of it is on
+    cp = CriticalPath(p.cost_model, a)
+    seen = set()
+    for _ in range(60):
+        b = mv.propose(a, cp, "region")
+        if b is None:
+            continue
+        moved = np.flatnonzero(b != a)
+        devs = set(b[moved].tolist())
+        assert len(devs) == 1 and len(set(a[moved].tolist())) == 1 and len(moved) <= 8
+        seen.add((tuple(sorted(p.graph.names[int(np.flatnonzero(p.graph.group == k)[0])] for k in moved)),
+                  devs.pop()))
+    chain0 = [("a0",), ("a1",), ("a2",), ("a0", "a1"), ("a1", "a2"), ("a0", "a1", "a2")]
+    allowed = {(c, d) for c in chain0 for d in (1, 2)} | {(c, d) for c in [("a3",), ("a4",), ("a3", "a4")]
+                                                          for d in (0,)} | {(("x",), 0)}
+    assert seen and seen <= allowed, seen - allowed
+
+
 def test_sa_moves_option_is_checked():
     p = _chain_problem()
     with pytest.raises(SearchError, match="moves"):
         run("sa", p, Budget(evals=10), seed=0, moves="psychic")
+    with pytest.raises(SearchError, match="kinds"):
+        run("sa", p, Budget(evals=10), seed=0, kinds="pull,psychic")
 
 
 def test_a_one_shot_seed_that_ends_after_the_seeding_share_still_seeds():
@@ -270,3 +318,23 @@ def test_method_table_is_complete_when_first_read_from_many_threads():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     counts = eval(r.stdout)
     assert len(counts) == 1 and counts[0] >= 14
+
+
+def test_kind_odds_favour_the_kinds_that_improve_and_keep_every_kind_alive():
+    from placetool.search.annealing import KindOdds
+
+    odds = KindOdds(("pull", "swap", "region"))
+    assert odds.odds() == pytest.approx([1 / 3] * 3)  # no evidence yet: uniform
+    for _ in range(200):  # pull improves in every batch it leads, the others never
+        odds.record(["pull", "swap", "region", "random"], "pull", True)
+        odds.record(["pull", "swap", "region"], "swap", False)
+    o = odds.odds()
+    assert o.sum() == pytest.approx(1.0)
+    assert o[0] > 0.45 and o[1] == pytest.approx(o[2]) and o[1] >= 0.5 / 3
+    # counts halve once 1000 proposals per kind were made, so the odds can turn
+    for _ in range(1000):
+        odds.record(["pull", "swap", "region"], "swap", True)
+    assert odds.used.sum() < 3000 and odds.odds()[1] > odds.odds()[0]
+    rng = np.random.default_rng(0)
+    drawn = [odds.draw(rng) for _ in range(2000)]
+    assert drawn.count("swap") / 2000 == pytest.approx(odds.odds()[1], abs=0.04)
