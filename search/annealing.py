@@ -5,7 +5,7 @@ the simulated critical path of the current placement
 (:class:`placetool.search.critical.CriticalMoves`: pull a transfer on the path onto one
 device, move a critical group to a neighbour's device, put a run of critical groups on one
 device, move a critical group off the busiest device, swap one with a group elsewhere,
-move a connected region around a critical group to the device most of its neighbours are
+move a connected region around a critical group to a device its outside neighbours are
 on; ``kinds`` picks some of them). With ``adapt`` (the default) a kind is drawn half
 uniformly, half in proportion to how often its moves improved lately (:class:`KindOdds`;
 ``metadata["kind_odds"]``). The rest move one random group to another device it may use

@@ -8,8 +8,8 @@ ended. The walk collects the ops on that chain and the transfers on it (as produ
 assignments that can shorten it: pull a transfer's two ends onto one device, move a
 critical group to a neighbouring group's device, put a run of consecutive critical
 groups on one device, move a critical group off the busiest device, swap a critical
-group with one elsewhere, move a connected region of groups around a critical one to the
-device most of its neighbours are on.
+group with one elsewhere, move a connected region of groups around a critical one to a
+device its neighbours outside it are on (drawn in proportion to how many are on each).
 """
 
 from __future__ import annotations
@@ -252,8 +252,8 @@ class CriticalMoves:
             dev = int(np.argmin(load))
             return a if np.isfinite(load[dev]) and self._set(a, k, dev) else None
         if kind == "region":
-            # a connected region around a critical group, of log-uniform size, joins the
-            # device most of its neighbours elsewhere are on (large moves, few new transfers)
+            # a connected region around a critical group, of log-uniform size, joins a device
+            # its outside neighbours are on, drawn by their count (large moves, few new transfers)
             k = groups[rng.integers(len(groups))]
             size = int(2 ** rng.uniform(1, np.log2(self.region_max) + 1e-9))
             self._stamp += 1
