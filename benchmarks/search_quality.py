@@ -240,14 +240,17 @@ def print_tables(rows, methods, summary, goal, seconds):
                   f"m-ETF {v['peer m-etf']:.1f} ms: {'beaten' if v['beats_peer_m_sct'] else 'NOT beaten'}")
 
 
-SA_VARIANTS = {"critical/batch": dict(moves="critical", mode="batch"),
+SA_VARIANTS = {"default": {},
+               "five-kinds-uniform": dict(kinds="pull,neighbour,chain,offload,swap", adapt=False),
+               "critical/batch": dict(moves="critical", mode="batch"),
                "critical/incremental": dict(moves="critical", mode="incremental"),
                "random/incremental": dict(moves="random", mode="incremental"),
                "random/batch": dict(moves="random", mode="batch")}
 
 
-def sa_variants(graphs, clusters, seconds, seeds):
-    """Evaluations per second and best step time vs time of sa's move and scoring modes."""
+def sa_variants(graphs, clusters, seconds, seeds, variants=None):
+    """Evaluations per second and best step time vs time of sa's move and scoring modes
+    (``variants``: names from :data:`SA_VARIANTS`, default all)."""
     from placetool.costmodel import CostModel, presets
     from placetool.search import Budget, Problem, run
 
@@ -257,7 +260,8 @@ def sa_variants(graphs, clusters, seconds, seeds):
     for gname in graphs:
         for c in clusters:
             p = Problem(CostModel(presets.load_graph(gname), presets.load_cluster(c)))
-            for name, opts in SA_VARIANTS.items():
+            for name in variants or SA_VARIANTS:
+                opts = SA_VARIANTS[name]
                 for seed in seeds:
                     r = run("sa", p, Budget(seconds=seconds), seed=seed, **opts)
                     row = {"graph": gname, "cluster": c, "variant": name, "seed": seed,
@@ -287,10 +291,16 @@ def main(argv=None):
     ap.add_argument("--sa-variants", action="store_true",
                     help="instead: sa's move/scoring modes, evaluations/s and quality vs time (default graphs "
                          "inception_v3,gnmt8 on k80x4)")
+    ap.add_argument("--variants", help=f"with --sa-variants: comma-separated, of {', '.join(SA_VARIANTS)} "
+                                       "(default all)")
     a = ap.parse_args(argv)
     if a.sa_variants:
+        variants = [v.strip() for v in a.variants.split(",")] if a.variants else None
+        unknown = [v for v in variants or () if v not in SA_VARIANTS]
+        if unknown:
+            ap.error(f"--variants: unknown {', '.join(unknown)} (known: {', '.join(SA_VARIANTS)})")
         rows = sa_variants((a.graphs or "inception_v3,gnmt8").split(","), (a.clusters or "k80x4").split(","),
-                           a.seconds or 30.0, list(range(a.seeds or 1)))
+                           a.seconds or 30.0, list(range(a.seeds or 1)), variants)
         if a.save:
             from placetool.costmodel.errors import atomic_write
 
