@@ -300,11 +300,10 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
     guide = CriticalMoves(problem, rng) if moves == "critical" else None
     if kinds is None:
         kinds = CriticalMoves.KINDS
-    else:
-        kinds = tuple(k.strip() for k in kinds.split(",")) if isinstance(kinds, str) else kinds
-        bad = [k for k in kinds if k not in CriticalMoves.KINDS] if isinstance(kinds, (tuple, list)) else [kinds]
-        if bad or not kinds:
-            raise SearchError(f"sa: kinds must be some of {', '.join(CriticalMoves.KINDS)}, got {bad or 'none'}")
+    if isinstance(kinds, str):  # --option kinds=pull,region
+        kinds = tuple(k.strip() for k in kinds.split(","))
+    if not isinstance(kinds, (tuple, list)) or not kinds or any(k not in CriticalMoves.KINDS for k in kinds):
+        raise SearchError(f"sa: kinds must be some of {', '.join(CriticalMoves.KINDS)}, got {kinds!r}")
 
     def progress():
         if budget.evals is not None:
