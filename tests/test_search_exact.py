@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from placetool.costmodel import CostModel, OpGraph
-from placetool.search import Budget, Problem, run
-from placetool.search.exact import (bound_into, branching_order, device_classes, fill_level, make_ops, make_work,
-                                    one_machine_bound, partial_bound)
+from placetool.search import Budget, Problem, Tracker, run
+from placetool.search.exact import (bound_into, branching_order, descend, device_classes, fill_level, make_ops,
+                                    make_work, one_machine_bound, partial_bound)
 from tests.helpers import cluster, cost_models, nxgraph
 
 
@@ -184,6 +184,23 @@ def test_exact_two_independent_ops_known_answer():
     r = run("exact", p, Budget(seconds=10))
     assert r.step_time_us == 10.0 and r.metadata["status"] == "optimal"
     assert r.assignment[0] != r.assignment[1]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_descend_ends_where_no_single_group_move_is_faster(seed):
+    p = random_problem(12, 3, seed, latency=5.0, bandwidth=20.0, hetero=True)
+    start = np.random.default_rng(seed).integers(0, 3, p.n_groups).astype(np.int32)
+    step0 = float(p.cost_model.simulate_batch(start[None]).step_time_us[0])
+    t = Tracker(p, Budget(evals=10**5))
+    step = descend(p, t, start, step0)
+    a = t.best_assignment
+    assert step == t.best_step_us <= step0
+    assert step == float(p.cost_model.simulate_batch(a[None]).step_time_us[0])
+    # every neighbour, simulated here one by one: none is faster
+    for g, d in itertools.product(range(p.n_groups), range(3)):
+        b = a.copy()
+        b[g] = d
+        assert p.cost_model.simulate(p.graph.to_placement(b)).step_time_us >= step
 
 
 def test_exact_reports_a_gap_when_the_budget_ends_first():
