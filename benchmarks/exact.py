@@ -4,13 +4,14 @@
     python benchmarks/exact.py --sizes 24,28,32 --seeds 0 --seconds 30
     python benchmarks/exact.py --searchers sa:5000,rl:5000      # NAME:EVALUATIONS, "" for none
     python benchmarks/exact.py --probe-depth 0                  # groups in fixed order, no probing
+    python benchmarks/exact.py --incumbent-share 0              # no sa incumbent: nodes independent of speed
     python benchmarks/exact.py --json
 
 Instances are the tests' random DAGs (``tests/test_search_exact.py::random_problem``):
 one op per group, 1-3 inputs from earlier ops, op times 5-40 µs scaled per device by
 0.5-2x, tensors of 100-2000 bytes on links of 5 µs + 20 bytes/µs, so a transfer (10-105
 µs) costs more than most ops. Per instance: whether ``exact`` proved the optimum within
-``--seconds`` (its first 5% goes to an ``sa`` incumbent), its wall time, tree nodes,
+``--seconds`` (its first 5% goes to an ``sa`` incumbent, ``--incumbent-share``), its wall time, tree nodes,
 simulated leaves and remaining gap; then each searcher's step time relative to the best
 ``exact`` found (1.000 = the optimum where proven) at a fixed number of evaluations.
 """
@@ -37,10 +38,11 @@ def parse_searchers(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def row(n: int, devices: int, seed: int, seconds: float, searchers, probe_depth=None) -> dict:
+def row(n: int, devices: int, seed: int, seconds: float, searchers, probe_depth=None,
+        incumbent_share: float = 0.05) -> dict:
     p = random_problem(n, devices, seed, latency=5.0, bandwidth=20.0, hetero=True)
     t = time.perf_counter()
-    ex = run("exact", p, Budget(seconds=seconds), seed=0, incumbent_share=0.05, probe_depth=probe_depth)
+    ex = run("exact", p, Budget(seconds=seconds), seed=0, incumbent_share=incumbent_share, probe_depth=probe_depth)
     m = ex.metadata
     out = {"groups": n, "devices": devices, "seed": seed, "status": m["status"], "seconds": time.perf_counter() - t,
            "nodes": m["nodes"], "leaves": m["leaves"], "gap": m["gap"], "best_us": ex.step_time_us,
@@ -60,13 +62,16 @@ def main(argv=None) -> int:
     ap.add_argument("--searchers", default="sa:5000,tpe:300,rl:5000")
     ap.add_argument("--probe-depth", type=int, default=None,
                     help="tree levels that try every free group first (default: all, up to 64 groups; 0: fixed order)")
+    ap.add_argument("--incumbent-share", type=float, default=0.05,
+                    help="share of the time limit for the sa incumbent (0: the seeding methods' best only, "
+                         "so tree nodes do not depend on the machine's speed)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     searchers = parse_searchers(a.searchers)
     rows = []
     for n in map(int, a.sizes.split(",")):
         for s in map(int, a.seeds.split(",")):
-            rows.append(row(n, a.devices, s, a.seconds, searchers, a.probe_depth))
+            rows.append(row(n, a.devices, s, a.seconds, searchers, a.probe_depth, a.incumbent_share))
             if not a.json:
                 r = rows[-1]
                 ratios = "  ".join(f"{k} {v:.3f}" for k, v in r["searchers"].items())
