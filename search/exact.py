@@ -589,10 +589,10 @@ def branching_order(problem, ops, affinity: float = 0.5) -> np.ndarray:
     return order
 
 
-def descend(problem, tracker, assignment, step_us: float) -> float:
+def descend(problem, tracker, assignment, step_us: float, batch: int = 256) -> float:
     """Steepest descent over single-group moves from ``assignment`` (simulated at
-    ``step_us``): every group on every other device it may use, scored in one batch
-    through ``tracker``, the best taken while it is faster. Returns the step time
+    ``step_us``): every group on every other device it may use, scored through
+    ``tracker`` in batches of ``batch``, the best taken while it is faster. Returns the step time
     reached (``step_us`` if no move is faster); the tracker holds every placement scored.
 
     >>> import networkx as nx
@@ -607,19 +607,24 @@ def descend(problem, tracker, assignment, step_us: float) -> float:
     True
     """
     a = np.array(assignment, np.int32)
-    allowed = problem.allowed
-    g_idx, d_idx = np.nonzero(allowed & (np.arange(problem.n_devices)[None, :] != a[:, None]))
-    while len(g_idx):
-        moves = np.repeat(a[None, :], len(g_idx), axis=0)
-        moves[np.arange(len(g_idx)), g_idx] = d_idx
-        r = tracker.evaluate(moves)  # BudgetExhausted when the budget ends
-        step = np.where(r.feasible, r.step_time_us, np.inf)
-        j = int(np.argmin(step))
-        if not step[j] < step_us:
-            break
-        a, step_us = r.assignments[j].copy(), float(step[j])
-        g_idx, d_idx = np.nonzero(allowed & (np.arange(problem.n_devices)[None, :] != a[:, None]))
-    return step_us
+    others = np.arange(problem.n_devices)[None, :]
+    while True:
+        g_idx, d_idx = np.nonzero(problem.allowed & (others != a[:, None]))
+        best, best_step = None, step_us
+        # in batches, so a large problem neither holds every move in memory nor
+        # overruns a time budget by one huge batch
+        for lo in range(0, len(g_idx), batch):
+            hi = min(lo + batch, len(g_idx))
+            moves = np.repeat(a[None, :], hi - lo, axis=0)
+            moves[np.arange(hi - lo), g_idx[lo:hi]] = d_idx[lo:hi]
+            r = tracker.evaluate(moves)  # BudgetExhausted when the budget ends
+            step = np.where(r.feasible, r.step_time_us, np.inf)
+            j = int(np.argmin(step))
+            if step[j] < best_step:
+                best, best_step = r.assignments[j].copy(), float(step[j])
+        if best is None:
+            return step_us
+        a, step_us = best, best_step
 
 
 @register("exact", budget=Budget(seconds=60.0))
@@ -669,7 +674,7 @@ def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, inc
                 if step[i] < inc:
                     # a leaf in a new basin: its local optimum is often better still, and
                     # every µs off the incumbent prunes the rest of the tree
-                    inc = descend(problem, tracker, r.assignments[i], float(step[i]))
+                    inc = descend(problem, tracker, r.assignments[i], float(step[i]), leaf_batch)
                     meta["descents"] += 1
                 if len(unscored):
                     raise BudgetExhausted
