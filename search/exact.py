@@ -434,24 +434,8 @@ def expand(tree, ops, depth, parent, incumbent):
     cut = incumbent * (1 - 1e-12)
     floor = parent
     k = -1
-    if depth == G - 1:
-        # the last free group: its children are leaves, which the simulator scores for
-        # less than bounding them costs (and exactly)
-        for g in range(G):
-            if gdev[g] < 0:
-                k = g
-        tree.gorder[depth] = k
-        tried[:] = False
-        m = 0
-        for d in range(D):
-            if dom[k, d] and _stands_for_class(d, used, tried, cls):
-                tree.kid_bound[depth, m] = parent
-                tree.kid_dev[depth, m] = d
-                m += 1
-        tree.n_kids[depth] = m
-        tree.next_kid[depth] = 0
-        return
-    if depth < P:
+    last = depth == G - 1  # the last free group: its children are leaves
+    if depth < P and not last:
         fewest = D + 1
         high = -np.inf
         for g in range(G):
@@ -492,7 +476,9 @@ def expand(tree, ops, depth, parent, incumbent):
     for d in range(D):
         if not dom[k, d] or not _stands_for_class(d, used, tried, cls):
             continue
-        if depth < P:
+        if last:
+            b = parent  # the simulator scores a leaf exactly for less than a bound costs
+        elif depth < P:
             b = max(floor, kb[k, d])
         else:
             gdev[k] = d
