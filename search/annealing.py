@@ -325,12 +325,12 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
         a[g] = others[rng.integers(others.size)]
         return a, g
 
-    odds = KindOdds(kinds)
+    odds = KindOdds(kinds) if adapt else None
 
     def neighbour(cur, cp):
         """(new assignment, moved group or -1, kind of move)."""
         if guide is not None and cp is not None and rng.random() < guided:
-            kind = odds.draw(rng) if adapt else kinds[rng.integers(len(kinds))]
+            kind = odds.draw(rng) if odds is not None else kinds[rng.integers(len(kinds))]
             a = guide.propose(cur, cp, kind)
             if a is not None:
                 diff = np.flatnonzero(a != cur)
@@ -376,7 +376,7 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
         acc = bool(np.isfinite(o) and (d <= 0 or rng.random() < math.exp(-d / max(T, 1e-12))))
         if not d <= 0:  # only uphill steps tell how hot it is
             hist.append(1 if acc else 0)
-        if adapt:
+        if odds is not None:
             odds.record([x[2] for x in props], props[i][2], bool(d < 0))
         if acc:
             meta["accepted"] += 1
@@ -419,7 +419,7 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
             cur_obj = restart_from(cur)
             run_best, since_best, T = cur_obj, 0, max(T, 0.02)
     meta["temperature"] = T
-    if adapt:
+    if odds is not None:
         meta["kind_odds"] = dict(zip(kinds, np.round(odds.odds(), 3).tolist()))
     meta.update(scorer.metadata())
     return meta
