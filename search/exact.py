@@ -381,6 +381,11 @@ class Tree(NamedTuple):
 #: bounds per node, each over the whole graph
 PROBE_GROUPS = 64
 
+#: work of one compiled call of :func:`branch`, in (ops + edges) x devices per node times
+#: nodes: a node bounds each device's child over the whole graph, ~30 ns per unit, so a
+#: call takes ~50 ms and the budget is checked that often on graphs of any size
+CALL_WORK = 1_600_000
+
 
 def make_tree(problem, gorder, cls, batch: int, probe_depth: int | None = None) -> Tree:
     G, D = problem.n_groups, problem.n_devices
@@ -619,7 +624,9 @@ def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, inc
     """Branch and bound over group assignments: optimal, or the best with a proven gap.
     ``probe_depth``: how many levels of the tree try every free group before choosing
     one (see :func:`expand`); None = all of them on problems of up to
-    :data:`PROBE_GROUPS` groups, none on larger ones; 0 = fixed order only."""
+    :data:`PROBE_GROUPS` groups, none on larger ones; 0 = fixed order only. ``chunk``:
+    at most this many nodes per compiled call between budget checks (fewer on large
+    graphs, see :data:`CALL_WORK`)."""
     G = problem.n_groups
     meta = {"status": "feasible", "nodes": 0, "pruned": 0, "leaves": 0, "descents": 0}
     # a good first incumbent prunes most of the tree: the seeding methods, then (under a
@@ -640,13 +647,18 @@ def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, inc
     cls = device_classes(problem)
     tree = make_tree(problem, branching_order(problem, ops), cls, leaf_batch, probe_depth)
     c = tree.count
+    # nodes per call: all of ``chunk`` on small problems; on a large graph a node costs
+    # milliseconds, and 4,096 of them would overrun a budget by a minute
+    per_node = (problem.graph.n_ops + len(ops.out_dst)) * problem.n_devices
+    nodes = int(max(1, min(chunk, CALL_WORK // max(per_node, 1))))
+    meta["nodes_per_call"] = nodes
     unscored = np.zeros(0)  # bounds of leaves the budget left unsimulated
     try:
         if G:
             expand(tree, ops, 0, root, inc)  # every bound below is at least the root's
             c[0] = 1
         while True:
-            branch(tree, ops, inc, chunk)
+            branch(tree, ops, inc, nodes)
             n = int(c[3])
             if n:
                 unscored = tree.leaf_bound[:n].copy()

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from placetool.costmodel import CostModel, OpGraph
+from placetool.costmodel import CostModel, OpGraph, presets
 from placetool.search import Budget, Problem, Tracker, run
 from placetool.search.exact import (bound_into, branching_order, descend, device_classes, fill_level, make_ops,
                                     make_work, one_machine_bound, partial_bound)
@@ -210,6 +210,16 @@ def test_exact_reports_a_gap_when_the_budget_ends_first():
     assert m["bound_us"] <= r.step_time_us
     if m["status"] == "feasible":
         assert m["gap"] == pytest.approx(r.step_time_us / m["bound_us"] - 1)
+
+
+def test_exact_keeps_its_time_budget_on_a_large_graph():
+    # a node of synthetic-10k bounds 5 children over 28k ops and edges (~3 ms): 4,096
+    # nodes between budget checks took 12 s against a budget of 1 s
+    run("exact", random_problem(8, 2, 0), Budget(seconds=0.2))  # compiled code loaded outside the timing
+    p = Problem(CostModel(presets.load_graph("synthetic-10k"), presets.load_cluster("k80x4")))
+    r = run("exact", p, Budget(seconds=1), seed=0)
+    assert r.seconds < 3
+    assert r.metadata["status"] == "feasible" and r.metadata["nodes"] >= r.metadata["nodes_per_call"]
 
 
 INSTANCES = [(12, 3, 0), (16, 2, 1), (16, 3, 4), (24, 3, 0), (28, 3, 0)]
