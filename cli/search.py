@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import sys
 
@@ -57,21 +56,6 @@ def _parse_options(pairs) -> dict:
                 value = text
         out[key.strip().replace("-", "_")] = value
     return out
-
-
-def _method_options(fn, name: str, given: dict) -> dict:
-    """Keyword options for the method: only those the user gave; an option the method
-    does not take is a user error naming the flag."""
-    from placetool.search import SearchError
-
-    if not given:
-        return {}
-    params = inspect.signature(fn).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    for key in given:
-        if not takes_any and key not in params:
-            raise SearchError(f"method {name!r} takes no option --{key.replace('_', '-')}")
-    return given
 
 
 class _Bar:
@@ -145,15 +129,15 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     check_writable(out, "--out")
     check_writable(logdir, "--logdir", folder=True)
     facts = S.info(method)  # unknown method: SearchError before any loading
-    fn = facts.fn
     if budget_evals is None and budget_seconds is None:
         budget = facts.budget
     else:
         budget = S.Budget(evals=budget_evals, seconds=budget_seconds)
-    given = {k: v for k, v in dict(storage=storage, policy=policy, init_from=init_from, logdir=logdir).items()
+    flags = {k: v for k, v in dict(storage=storage, policy=policy, init_from=init_from, logdir=logdir).items()
              if v is not None}
-    given.update(_parse_options(method_opts))
-    options = _method_options(fn, method, given)
+    given = {**flags, **_parse_options(method_opts)}
+    options = S.check_options(method, given, spell=lambda k: f"--{k.replace('_', '-')}" if k in flags
+                              else repr(k))  # before the graph is loaded
 
     g, cl, cm = load_problem(graph, cluster, profile)
     problem = S.Problem(cm)  # SearchError when no placement can fit

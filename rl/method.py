@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from placetool.search.base import Budget, SearchError, register
+from placetool.search.base import Budget, Positive, SearchError, register
 
 DEFAULT_POLICY = "gdp"
 #: what ``placetool search --method rl`` should run with when the user gives no budget
@@ -97,7 +97,7 @@ def run_folder(logdir, label: str) -> Path:
 
 @register("rl", budget=DEFAULT_BUDGET, summary="REINFORCE placement policies (TensorFlow; see `placetool rl`)")
 def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None, logdir=None,
-       warm_start: bool = True, explore: float = 3.0, **options):
+       warm_start: bool = True, explore: Positive = 3.0, **options):
     """REINFORCE with a seq2seq / hierarchical / GDP policy; metadata says what it learnt."""
     from . import policies
     from .tfutil import set_seed, tf

@@ -9,7 +9,7 @@ registers it, and :func:`table` lists them::
 """
 
 from .base import (DEFAULT_BUDGET, Budget, BudgetExhausted, MethodInfo, Problem, SearchError, SearchResult,
-                   Tracker, get, info, methods, register, run, seed_methods, table)
+                   Tracker, check_options, get, info, methods, register, run, seed_methods, table)
 
 __all__ = ["DEFAULT_BUDGET", "Budget", "BudgetExhausted", "MethodInfo", "Problem", "SearchError", "SearchResult",
-           "Tracker", "get", "info", "methods", "register", "run", "seed_methods", "table"]
+           "Tracker", "check_options", "get", "info", "methods", "register", "run", "seed_methods", "table"]

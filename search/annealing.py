@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 
-from .base import BudgetExhausted, SearchError, get, register, seed_methods
+from .base import BudgetExhausted, Count, SearchError, Share, get, register, seed_methods
 from .critical import CriticalMoves, CriticalPath
 from .memory import fit_memory
 
@@ -274,10 +274,10 @@ def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
 
 
 @register("sa")
-def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = "auto", batch: int = 8,
-           guided: float = 0.7, swap: float = 0.1, accept_start: float = 0.05, accept_end: float = 0.001,
-           window: int = 50, patience: int | None = None, seeds=None, checkpoints: int | None = None,
-           threads: int | None = None, kinds=None, adapt: bool = True):
+def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = "auto", batch: Count = 8,
+           guided: Share = 0.7, swap: Share = 0.1, accept_start: Share = 0.05, accept_end: Share = 0.001,
+           window: Count = 50, patience: Count | None = None, seeds=None, checkpoints: Count | None = None,
+           threads: Count | None = None, kinds=None, adapt: bool = True):
     """Simulated annealing with moves aimed at the simulated critical path (see the
     module docstring); returns metadata."""
     if mode not in MODES:

@@ -394,6 +394,65 @@ def seed_methods() -> tuple[str, ...]:
     return tuple(sorted((n for n, i in t.items() if i.seed is not None), key=lambda n: (t[n].seed, n)))
 
 
+#: Annotations of method options that :func:`check_options` reads beyond ``bool``,
+#: ``int``, ``float``, ``str`` and ``None``: a count (an int >= 1), a share (a number in
+#: [0, 1]) and a positive number.
+Count = int
+Share = float
+Positive = float
+
+_KINDS = {
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+    "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "Count": ("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+    "float": ("a number", lambda v: _number(v)),
+    "Share": ("a number from 0 to 1", lambda v: _number(v) and 0 <= v <= 1),
+    "Positive": ("a number > 0", lambda v: _number(v) and v > 0),
+    "str": ("text", lambda v: isinstance(v, str)),
+    "None": ("none", lambda v: v is None),
+}
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v))
+
+
+def check_options(name: str, options: dict, spell: Callable[[str], str] = repr) -> dict:
+    """``options`` of method ``name`` checked against its signature before it runs:
+    each must be a keyword the method takes and of the kind its annotation names
+    (``bool``, ``int``, ``float``, ``str``, :data:`Count`, :data:`Share`,
+    :data:`Positive`, ``X | None``; options without one are the method's to check).
+    Returns them, ints made floats where a number is asked for; SearchError names
+    the method, the option (as ``spell`` writes it: a command line names its flag) and
+    the value.
+
+    >>> check_options("sa", {"batch": 4, "guided": 1})
+    {'batch': 4, 'guided': 1.0}
+    """
+    import inspect
+
+    params = inspect.signature(get(name)).parameters
+    mine = [p for p in list(params.values())[4:] if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    takes_any = len(mine) < len(params) - 4
+    out = dict(options)
+    for key, value in options.items():
+        p = params.get(key)
+        if p is None or p not in mine:
+            if takes_any and p is None:
+                continue  # passed on (e.g. rl's policy settings), checked there
+            listed = ", ".join(q.name for q in mine) or "none"
+            raise SearchError(f"method {name!r} takes no option {spell(key)} (its options: {listed})")
+        kinds = [k.strip() for k in str(p.annotation).split("|")]
+        if p.annotation is inspect.Parameter.empty or not all(k in _KINDS for k in kinds):
+            continue
+        if not any(_KINDS[k][1](value) for k in kinds):
+            want = " or ".join(_KINDS[k][0] for k in kinds)
+            raise SearchError(f"method {name!r}: option {spell(key)} must be {want}, got {value!r}")
+        if isinstance(value, int) and not isinstance(value, bool) and not {"int", "Count"} & set(kinds):
+            out[key] = float(value)  # 1 where a share or a number is asked for
+    return out
+
+
 def run(name: str, problem: Problem, budget: Budget, seed: int = 0,
         progress: ProgressCallback | None = None, keep_top: int = 0, **options) -> SearchResult:
     """Run method ``name`` on ``problem`` within ``budget``; same seed, same answer.
@@ -402,6 +461,7 @@ def run(name: str, problem: Problem, budget: Budget, seed: int = 0,
     whatever it left in the tracker; a method that scores nothing at all is an error.
     """
     method = get(name)
+    options = check_options(name, options)
     tracker = Tracker(problem, budget, progress, keep_top=keep_top)
     meta = None
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import register
+from .base import Count, register
 
 
 @register("single", seed=0)
@@ -33,7 +33,7 @@ def round_robin(problem, budget, seed, tracker):
 
 
 @register("random")
-def random_search(problem, budget, seed, tracker, batch: int = 64):
+def random_search(problem, budget, seed, tracker, batch: Count = 64):
     """Uniformly random valid assignments, scored in batches until the budget ends."""
     rng = np.random.default_rng(seed)
     while not tracker.done():

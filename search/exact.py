@@ -46,7 +46,7 @@ import numpy as np
 from numba import njit
 
 from .annealing import seed_assignments
-from .base import Budget, BudgetExhausted, get, register
+from .base import Budget, BudgetExhausted, Count, Share, get, register
 
 
 class Ops(NamedTuple):
@@ -619,8 +619,8 @@ def descend(problem, tracker, assignment, step_us: float, batch: int = 256) -> f
 
 
 @register("exact", budget=Budget(seconds=60.0))
-def exact(problem, budget, seed, tracker, leaf_batch: int = 256, seeds=None, incumbent_share: float = 0.2,
-          chunk: int = 4096, probe_depth: int | None = None):
+def exact(problem, budget, seed, tracker, leaf_batch: Count = 256, seeds=None, incumbent_share: Share = 0.2,
+          chunk: Count = 4096, probe_depth: int | None = None):
     """Branch and bound over group assignments: optimal, or the best with a proven gap.
     ``probe_depth``: how many levels of the tree try every free group before choosing
     one (see :func:`expand`); None = all of them on problems of up to

@@ -43,7 +43,7 @@ from numba import njit
 
 from placetool.costmodel.kernels import heap_pop, heap_push
 
-from .base import SearchError, register
+from .base import Positive, SearchError, register
 from .partition import accelerators, fallback_device, gpu_group_time, group_memory_bytes, score
 
 
@@ -900,7 +900,7 @@ def sct_favourite_children(data, time_limit: float = 60.0, window: int = 2500):
 
 
 @register("m-sct", seed=8)
-def m_sct(problem, budget, seed, tracker, lp_seconds: float | None = None, links: str = "queued"):
+def m_sct(problem, budget, seed, tracker, lp_seconds: Positive | None = None, links: str = "queued"):
     """m-SCT: ETF under memory, favourite children (SCT LP, SciPy/HiGHS) on their
     parent's device."""
     limit = float(lp_seconds) if lp_seconds else min(60.0, (budget.seconds or 120.0) / 2)

@@ -259,23 +259,20 @@ def _check_methods(methods: list[str], options, where: str) -> dict:
             raise SweepError(f"{where}: [options.{m}] is for a method the sweep does not run")
         if not isinstance(opts, dict):
             raise SweepError(f"{where}: [options.{m}] must be a table of option = value")
+    out = {}
     for m in methods:
         try:
-            fn = search.get(m)
+            search.get(m)
         except UserError:
             raise
         except Exception as e:  # a method module that does not import: fail now, not in every run
             raise SweepError(f"{where}: method {m!r} cannot be loaded ({type(e).__name__}: {e})") from None
-        opts = options.get(m, {})
-        params = inspect.signature(fn).parameters
-        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        fixed = list(params)[:4]  # problem, budget, seed, tracker
-        for k in opts:
-            if k in fixed or (not takes_any and k not in params):
-                allowed = [p for p in list(params)[4:] if params[p].kind is not inspect.Parameter.VAR_KEYWORD]
-                raise SweepError(f"{where}: [options.{m}] {k!r} is not an option of method {m!r} "
-                                 f"(options: {', '.join(allowed) or 'none'})")
-    return {m: dict(o) for m, o in options.items()}
+        if m in options:
+            try:
+                out[m] = search.check_options(m, options[m])  # names and kinds, before any run
+            except search.SearchError as e:
+                raise SweepError(f"{where}: [options.{m}] {e}") from None
+    return out
 
 
 # ----------------------------------------------------------------- one run

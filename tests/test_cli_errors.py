@@ -62,6 +62,22 @@ def test_negative_seed(capsys):
     user_error(["search", "-g", "synthetic-40", "-m", "random", "--seed", "-1"], capsys, "--seed")
 
 
+@pytest.mark.parametrize("method, option, words", [
+    ("sa", "batch=abc", ["'sa'", "option 'batch'", "integer >= 1", "'abc'"]),   # was a TypeError deep in sa
+    ("sa", "batch=-5", ["batch", "integer >= 1", "-5"]),
+    ("sa", "guided=1.5", ["guided", "from 0 to 1", "1.5"]),
+    ("exact", "leaf-batch=2.5", ["leaf_batch", "integer >= 1", "2.5"]),
+    ("heft", "insertion=maybe", ["insertion", "true or false", "'maybe'"]),  # was taken as true
+    ("m-sct", "lp-seconds=0", ["lp_seconds", "> 0"]),
+    ("rl", "explore=none", ["explore", "> 0", "None"]),
+    ("heft", "nonsense=1", ["'heft'", "no option 'nonsense'", "insertion, links"]),
+    ("random", "seed=3", ["'random'", "no option 'seed'"]),
+])
+def test_search_option_of_the_wrong_kind(capsys, method, option, words):
+    user_error(["search", "-g", "synthetic-40", "-m", method, "--budget-evals", "5", "--option", option], capsys,
+               *words)
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "0.5"])
 def test_calibrate_timeout(value, tmp_path, capsys):
     user_error(["calibrate", "-g", "mlp", "--local", "--timeout", value, "-o", tmp_path / "p.json"], capsys,

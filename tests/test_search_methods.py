@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from placetool.costmodel import CostModel, synthetic
 from placetool.costmodel.graph import OpGraph
-from placetool.search import Budget, Problem, run
+from placetool.search import Budget, Problem, SearchError, check_options, run
 from placetool.search.listsched import _Data, sct_favourite_children, transfer_costs
 from placetool.search.partition import group_memory_bytes, repair_memory
 from tests.helpers import assignments, cluster, cost_models, nxgraph
@@ -89,6 +89,24 @@ def test_every_method_gives_a_valid_placement(method):
     assert r.step_time_us >= r.lower_bound_us - 1e-6
     sim = p.cost_model.simulate(r.placement)
     assert sim.step_time_us == pytest.approx(r.step_time_us)
+
+
+def test_options_are_checked_against_the_signature_before_the_method_runs():
+    p = small_problem()
+    with pytest.raises(SearchError, match=r"method 'sa': option 'batch' must be an integer >= 1, got 0"):
+        run("sa", p, Budget(evals=10), batch=0)
+    with pytest.raises(SearchError, match="option 'patience' must be an integer >= 1 or none, got 2.0"):
+        run("sa", p, Budget(evals=10), patience=2.0)
+    with pytest.raises(SearchError, match="takes no option 'bogus'"):
+        run("heft", p, Budget(evals=10), bogus=1)
+    # numbers become floats where a number is asked for; None where allowed; unannotated
+    # options and rl's own settings pass through unchecked
+    assert check_options("sa", {"guided": 1, "patience": None, "kinds": "pull"}) == \
+        {"guided": 1.0, "patience": None, "kinds": "pull"}
+    assert isinstance(check_options("sa", {"guided": 1})["guided"], float)
+    assert check_options("rl", {"explore": 2, "lr": "x"}) == {"explore": 2.0, "lr": "x"}
+    r = run("sa", p, Budget(evals=30), seed=0, guided=1, accept_end=0)  # edges of the ranges are fine
+    assert r.feasible
 
 
 @pytest.mark.parametrize("method", OURS)

@@ -110,9 +110,10 @@ BAD = [
     (GRID.replace("graphs = [", "graphs = [7, "), "graphs must be a non-empty list of names"),
     (GRID.replace("budget_evals = 20", "budget_evals = 20\nbudget = 5"), "[sweep] has unknown key 'budget'"),
     (GRID + "\n[options.sa]\nsteps = 3\n", "[options.sa] is for a method the sweep does not run"),
-    (GRID + "\n[options.random]\nbogus = 3\n", "'bogus' is not an option of method 'random' (options: batch)"),
-    (GRID + "\n[options.single]\nbatch = 3\n", "'batch' is not an option of method 'single' (options: none)"),
-    (GRID + "\n[options.random]\nseed = 3\n", "'seed' is not an option of method 'random'"),
+    (GRID + "\n[options.random]\nbogus = 3\n", "method 'random' takes no option 'bogus' (its options: batch)"),
+    (GRID + "\n[options.single]\nbatch = 3\n", "method 'single' takes no option 'batch' (its options: none)"),
+    (GRID + "\n[options.random]\nseed = 3\n", "method 'random' takes no option 'seed'"),
+    (GRID + "\n[options.random]\nbatch = 0\n", "[options.random] method 'random': option 'batch' must be an integer >= 1, got 0"),
 ]
 
 
