@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from placetool.costmodel.errors import UserError
-from placetool.search.base import BudgetExhausted
+from placetool.search.base import BudgetExhausted, Count, NonNegative, Positive, Share, check_value
 
 from .tfutil import tf as _tf
 
@@ -35,34 +35,34 @@ from .tfutil import tf as _tf
 class TrainConfig:
     """Knobs of the REINFORCE trainer (all have working defaults)."""
 
-    samples: int = 64           # K placements per step and problem
-    lr: float = 1e-4            # Adam learning rate of the network weights
-    residual_lr: float = 0.05   # learning rate of the per-problem residual logits
+    samples: Count = 64         # K placements per step and problem
+    lr: NonNegative = 1e-4      # Adam learning rate of the network weights (0: frozen)
+    residual_lr: Positive = 0.05  # learning rate of the per-problem residual logits
     residual_optimizer: str = "adam"  # adam | sgd (plain steps: rarely-sampled entries stay put)
-    clip_norm: float = 1.0      # global-norm gradient clipping
+    clip_norm: Positive = 1.0   # global-norm gradient clipping
     entropy: float = 0.01       # entropy bonus weight at the start ...
     entropy_end: float | None = None  # ... and at the end of the budget (None: constant)
     baseline: str = "ema"       # ema: moving average of batch means; loo: leave-one-out mean of the other samples
-    baseline_decay: float = 0.9  # EMA decay of the reward baseline
-    ppo_epochs: int = 1         # > 1: PPO-style clipped updates, this many passes over each batch
-    ppo_clip: float = 0.2       # ratio clip of the PPO objective
-    penalty: float | None = None  # reward of an infeasible placement is -penalty (None: adaptive)
-    greedy_every: int = 10      # also score the greedy placement every N steps
+    baseline_decay: Share = 0.9  # EMA decay of the reward baseline
+    ppo_epochs: Count = 1       # > 1: PPO-style clipped updates, this many passes over each batch
+    ppo_clip: Positive = 0.2    # ratio clip of the PPO objective
+    penalty: Positive | None = None  # reward of an infeasible placement is -penalty (None: adaptive)
+    greedy_every: Count = 10    # also score the greedy placement every N steps
     guide: float = 0.0          # > 0 (>= 1): groups on the mode's critical path leave it this many times as
     #                             often (rl.guide; frozen network, one atom per group); 0: off
-    guide_affinity: float = 1.0  # with guide: how strongly a leaving group goes where its neighbours are
-    min_moves: float = 0.0      # frozen network: samples leave the mode on at least this many atoms on
+    guide_affinity: NonNegative = 1.0  # with guide: how strongly a leaving group goes where its neighbours are
+    min_moves: NonNegative = 0.0  # frozen network: samples leave the mode on at least this many atoms on
     #                             average, the learnt leave-probabilities scaled up to it (0: no floor)
     compound: int = 0           # with guide: this many of the K samples per step are compound moves along the
     #                             mode's critical path (a run of groups to one device, a transfer pulled onto one
     #                             side, a swap; search.critical.CriticalMoves) instead of the policy's draws
-    compound_from: float = 0.0  # with compound: draw them only while the spent fraction of the budget is
-    compound_until: float = 1.0  # in [compound_from, compound_until)
-    compound_slack: float | None = None  # with compound: a compound row teaches the table only if its step
+    compound_from: Share = 0.0  # with compound: draw them only while the spent fraction of the budget is
+    compound_until: Share = 1.0  # in [compound_from, compound_until)
+    compound_slack: NonNegative | None = None  # with compound: a compound row teaches the table only if its step
     #                             time is within this fraction above the best so far (0: only rows as good
     #                             as the best; None: every row, as the policy's own draws)
-    tasks_per_step: int | None = None  # multi-problem training: this many problems per step, in rotation
-    checkpoint_every: int = 50  # steps between checkpoints (with a logdir)
+    tasks_per_step: Count | None = None  # multi-problem training: this many problems per step, in rotation
+    checkpoint_every: Count = 50  # steps between checkpoints (with a logdir)
 
     @classmethod
     def from_options(cls, options: dict) -> "TrainConfig":
@@ -70,30 +70,20 @@ class TrainConfig:
         bad = sorted(set(options) - names)
         if bad:
             raise UserError(f"rl: unknown option(s) {', '.join(bad)} (known: {', '.join(sorted(names))})")
-        cfg = cls(**options)
-        if cfg.samples < 1:
-            raise UserError(f"rl: samples must be >= 1, got {cfg.samples}")
+        # each value of the kind its field's annotation names (a count >= 1, a share, ...)
+        cfg = cls(**{k: check_value(f"rl: option {k!r}", f.type, options[k]) for f in fields(cls)
+                     if (k := f.name) in options})
         if cfg.baseline not in ("ema", "loo"):
             raise UserError(f"rl: baseline must be 'ema' or 'loo', got {cfg.baseline!r}")
         if cfg.residual_optimizer not in ("adam", "sgd"):
             raise UserError(f"rl: residual_optimizer must be 'adam' or 'sgd', got {cfg.residual_optimizer!r}")
-        if cfg.ppo_epochs < 1:
-            raise UserError(f"rl: ppo_epochs must be >= 1, got {cfg.ppo_epochs}")
         if not (cfg.guide == 0 or cfg.guide >= 1):
             raise UserError(f"rl: guide must be 0 (off) or >= 1, got {cfg.guide!r}")
         if cfg.compound < 0:
             raise UserError(f"rl: compound must be >= 0, got {cfg.compound!r}")
-        if not 0 <= cfg.compound_from <= 1:
-            raise UserError(f"rl: compound_from must be a fraction of the budget in [0, 1], got {cfg.compound_from!r}")
-        if not cfg.compound_from <= cfg.compound_until <= 1:
+        if not cfg.compound_from <= cfg.compound_until:
             raise UserError(f"rl: compound_until must be a fraction of the budget in [compound_from, 1], "
                             f"got {cfg.compound_until!r}")
-        if cfg.compound_slack is not None and not cfg.compound_slack >= 0:
-            raise UserError(f"rl: compound_slack must be >= 0 (a fraction above the best), got {cfg.compound_slack!r}")
-        if not cfg.min_moves >= 0:
-            raise UserError(f"rl: min_moves must be >= 0, got {cfg.min_moves!r}")
-        if not cfg.guide_affinity >= 0:
-            raise UserError(f"rl: guide_affinity must be >= 0, got {cfg.guide_affinity!r}")
         return cfg
 
 

@@ -396,10 +396,11 @@ def seed_methods() -> tuple[str, ...]:
 
 #: Annotations of method options that :func:`check_options` reads beyond ``bool``,
 #: ``int``, ``float``, ``str`` and ``None``: a count (an int >= 1), a share (a number in
-#: [0, 1]) and a positive number.
+#: [0, 1]), a positive number and a number >= 0.
 Count = int
 Share = float
 Positive = float
+NonNegative = float
 
 _KINDS = {
     "bool": ("true or false", lambda v: isinstance(v, bool)),
@@ -408,6 +409,7 @@ _KINDS = {
     "float": ("a number", lambda v: _number(v)),
     "Share": ("a number from 0 to 1", lambda v: _number(v) and 0 <= v <= 1),
     "Positive": ("a number > 0", lambda v: _number(v) and v > 0),
+    "NonNegative": ("a number >= 0", lambda v: _number(v) and v >= 0),
     "str": ("text", lambda v: isinstance(v, str)),
     "None": ("none", lambda v: v is None),
 }
@@ -421,7 +423,7 @@ def check_options(name: str, options: dict, spell: Callable[[str], str] = repr) 
     """``options`` of method ``name`` checked against its signature before it runs:
     each must be a keyword the method takes and of the kind its annotation names
     (``bool``, ``int``, ``float``, ``str``, :data:`Count`, :data:`Share`,
-    :data:`Positive`, ``X | None``; options without one are the method's to check).
+    :data:`Positive`, :data:`NonNegative`, ``X | None``; options without one are the method's to check).
     Returns them, ints made floats where a number is asked for; SearchError names
     the method, the option (as ``spell`` writes it: a command line names its flag) and
     the value.
@@ -442,15 +444,24 @@ def check_options(name: str, options: dict, spell: Callable[[str], str] = repr) 
                 continue  # passed on (e.g. rl's policy settings), checked there
             listed = ", ".join(q.name for q in mine) or "none"
             raise SearchError(f"method {name!r} takes no option {spell(key)} (its options: {listed})")
-        kinds = [k.strip() for k in str(p.annotation).split("|")]
-        if p.annotation is inspect.Parameter.empty or not all(k in _KINDS for k in kinds):
-            continue
-        if not any(_KINDS[k][1](value) for k in kinds):
-            want = " or ".join(_KINDS[k][0] for k in kinds)
-            raise SearchError(f"method {name!r}: option {spell(key)} must be {want}, got {value!r}")
-        if isinstance(value, int) and not isinstance(value, bool) and not {"int", "Count"} & set(kinds):
-            out[key] = float(value)  # 1 where a share or a number is asked for
+        if p.annotation is not inspect.Parameter.empty:
+            out[key] = check_value(f"method {name!r}: option {spell(key)}", p.annotation, value)
     return out
+
+
+def check_value(what: str, annotation: str, value):
+    """``value`` checked against an option's ``annotation`` (as :func:`check_options`
+    reads it; an annotation of other kinds passes anything): the value, an int made a
+    float where a number is asked for; SearchError "``what`` must be ..." if it does
+    not fit."""
+    kinds = [k.strip() for k in str(annotation).split("|")]
+    if not all(k in _KINDS for k in kinds):
+        return value
+    if not any(_KINDS[k][1](value) for k in kinds):
+        raise SearchError(f"{what} must be {' or '.join(_KINDS[k][0] for k in kinds)}, got {value!r}")
+    if isinstance(value, int) and not isinstance(value, bool) and not {"int", "Count"} & set(kinds):
+        return float(value)  # 1 where a share or a number is asked for
+    return value
 
 
 def run(name: str, problem: Problem, budget: Budget, seed: int = 0,

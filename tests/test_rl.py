@@ -537,7 +537,7 @@ def test_rl_search_aims_its_samples_at_the_critical_path(tiny):
     assert on.metadata["guide_updates"] >= 1 and off.metadata["guide_updates"] == 0
     with pytest.raises(UserError, match="guide"):
         run("rl", p, Budget(evals=10), seed=0, guide=0.5)
-    with pytest.raises(UserError, match="min_moves must be >= 0"):
+    with pytest.raises(UserError, match="option 'min_moves' must be a number >= 0"):
         run("rl", p, Budget(evals=10), seed=0, min_moves=-1)
 
 
@@ -589,7 +589,7 @@ def test_rl_compound_samples_are_moves_along_the_modes_critical_path():
     assert 0 < late["compound_samples"] <= 16 * (late["steps"] - 200 // 33)
     assert late["compound_samples"] < r.metadata["compound_samples"]
     assert run("rl", p, Budget(evals=400), seed=0, compound=16, compound_from=1.0).metadata["compound_samples"] == 0
-    with pytest.raises(UserError, match="compound_from must be a fraction"):
+    with pytest.raises(UserError, match="option 'compound_from' must be a number from 0 to 1"):
         run("rl", p, Budget(evals=10), seed=0, compound=16, compound_from=1.5)
     # compound_until: none in the second half
     early = run("rl", p, Budget(evals=400), seed=0, compound=16, compound_until=0.5).metadata
@@ -630,5 +630,5 @@ def test_rl_compound_slack_leaves_rows_far_from_the_best_out_of_the_update():
     np.testing.assert_array_equal(seen[0.0]["rows"], rows)  # the same draws in every run
     np.testing.assert_array_equal(seen[0.0]["adv"], np.where(rows, 0.0, adv))  # none within 0% of the best
     np.testing.assert_array_equal(seen[1e9]["adv"], adv)  # all within the slack: as without it
-    with pytest.raises(UserError, match="compound_slack must be >= 0"):
+    with pytest.raises(UserError, match="option 'compound_slack' must be a number >= 0 or none"):
         run("rl", p, Budget(evals=10), seed=0, compound=8, compound_slack=-0.1)
