@@ -40,6 +40,7 @@ the tree grows as devices^groups where the bound does not cut it.
 
 from __future__ import annotations
 
+import heapq
 from typing import NamedTuple
 
 import numpy as np
@@ -571,12 +572,21 @@ def branching_order(problem, ops, affinity: float = 0.5) -> np.ndarray:
     pull = np.zeros(G)
     left = np.ones(G, bool)
     order = np.empty(G, np.int64)
+    # a max-heap of (score, first) with stale entries skipped: scores only grow, so a
+    # group's newest entry is its current one (a scan per pick was O(groups^2): 4 s on
+    # gnmt8's 47k groups)
+    heap = [(-float(work[k]), int(first[k]), k) for k in range(G)]
+    heapq.heapify(heap)
     for i in range(G):
-        s = np.where(left, work + affinity * pull, -np.inf)
-        top = np.flatnonzero(s == s.max())
-        k = top[np.argmin(first[top])]
+        while True:
+            neg, _, k = heapq.heappop(heap)
+            if left[k] and -neg == work[k] + affinity * pull[k]:
+                break
         order[i], left[k] = k, False
-        np.add.at(pull, dst[ptr[k]:ptr[k + 1]], w[ptr[k]:ptr[k + 1]])
+        nb = dst[ptr[k]:ptr[k + 1]]
+        np.add.at(pull, nb, w[ptr[k]:ptr[k + 1]])
+        for j in np.unique(nb[left[nb]]).tolist():
+            heapq.heappush(heap, (-float(work[j] + affinity * pull[j]), int(first[j]), j))
     return order
 
 

@@ -94,6 +94,31 @@ def test_branching_order_by_hand():
     assert branching_order(p, ops, affinity=0.0).tolist() == [ga, gb, gc]
 
 
+@pytest.mark.parametrize("n,seed,affinity", [(12, 0, 0.5), (30, 1, 0.5), (30, 2, 0.0), (40, 3, 2.0)])
+def test_branching_order_is_the_greedy_scan(n, seed, affinity):
+    # the definition, one scan per pick: the most work + affinity x pull, ties in topological order
+    p = random_problem(n, 3, seed, hetero=True)
+    ops = make_ops(p)
+    g, G = p.graph, p.n_groups
+    work = np.zeros(G)
+    np.add.at(work, g.group, ops.T.min(axis=1))
+    first = np.full(G, 1 << 60)
+    np.minimum.at(first, g.group, g.topo_rank)
+    comm = ops.out_comm.max(axis=(1, 2))
+    pull, left, want = np.zeros(G), np.ones(G, bool), []
+    for _ in range(G):
+        s = np.where(left, work + affinity * pull, -np.inf)
+        top = np.flatnonzero(s == s.max())
+        k = int(top[np.argmin(first[top])])
+        want.append(k)
+        left[k] = False
+        for e in range(len(ops.out_src)):
+            a, b = g.group[ops.out_src[e]], g.group[ops.out_dst[e]]
+            if a != b and k in (a, b):
+                pull[b if a == k else a] += comm[e]
+    assert branching_order(p, ops, affinity).tolist() == want
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_partial_bound_never_exceeds_a_completion(seed):
     # every partial assignment's bound is at most the best simulated completion of it
