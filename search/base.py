@@ -423,8 +423,8 @@ def check_options(name: str, options: dict, spell: Callable[[str], str] = repr) 
     """``options`` of method ``name`` checked against its signature before it runs:
     each must be a keyword the method takes and of the kind its annotation names
     (``bool``, ``int``, ``float``, ``str``, :data:`Count`, :data:`Share`,
-    :data:`Positive`, :data:`NonNegative`, ``X | None``; options without one are the method's to check).
-    Returns them, ints made floats where a number is asked for; SearchError names
+    :data:`Positive`, :data:`NonNegative`, ``X | None``; options without one are the
+    method's to check). Returns them, ints made floats where a number is asked for; SearchError names
     the method, the option (as ``spell`` writes it: a command line names its flag) and
     the value.
 
@@ -435,7 +435,7 @@ def check_options(name: str, options: dict, spell: Callable[[str], str] = repr) 
 
     params = inspect.signature(get(name)).parameters
     mine = [p for p in list(params.values())[4:] if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    takes_any = len(mine) < len(params) - 4
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     out = dict(options)
     for key, value in options.items():
         p = params.get(key)
