@@ -60,7 +60,8 @@ def load_graph(name_or_path) -> "_graph.OpGraph":
     n = _synthetic_size(s)
     if n is not None:
         return layered(n, seed=n, name=s)
-    raise UnknownName(f"unknown graph {s!r}: not a file, and not one of {', '.join(list_graphs())}")
+    raise UnknownName(f"unknown graph {s!r}: not a file, and not one of {', '.join(list_graphs())} "
+                      f"(or synthetic-N for a generated graph of N ops)")
 
 
 def load_cluster(name_or_path) -> "_cluster.Cluster":
