@@ -58,6 +58,11 @@ def _parse_options(pairs) -> dict:
     return out
 
 
+#: about the largest problem ``exact`` proves within a minute (benchmarks/README.md,
+#: "Proven optima on small random problems"): beyond it an unfinished proof says so
+EXACT_GROUPS = 36
+
+
 class _Bar:
     """Progress on stderr, driven by the tracker's callback: the fraction of the budget
     spent and the best step time so far; 100% once the search returns."""
@@ -238,6 +243,9 @@ def _print_human(g, cl, obj, baselines, out) -> None:
         else:
             gap = f" (gap {meta['gap']:.1%})" if meta.get("gap") is not None else ""
             proof = f"not finished: no placement is below {fmt_us(meta['bound_us'])}{gap}"
+            groups = sum(obj["groups_per_device"].values())
+            if groups > EXACT_GROUPS:
+                proof += f"; exact proves problems of up to ~{EXACT_GROUPS} groups in a minute, this one has {groups:,}"
         click.echo(f"proof       {proof}")
     click.echo("devices     " + ", ".join(f"{n}: {c} ops" for n, c in obj["ops_per_device"].items() if c))
     for b, r in baselines.items():
