@@ -38,8 +38,14 @@ class PlacementEnv(gym.Env):
         self.scale = max(problem.lower_bound_us(), 1e-9)
         tmin = np.where(problem.allowed, problem.group_time, np.inf).min(axis=1)
         self._work = tmin / max(tmin.sum(), 1e-9)
-        F = self.atoms.x.shape[1] + self.D + 1
-        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (F,), np.float32)
+        # bounds of what _obs can return: the features' range over this problem's groups
+        # (a feature alike in every group gets a unit-wide range), load fractions and
+        # t / groups in [0, 1]
+        x = self.atoms.x.astype(np.float32)
+        lo, hi = x.min(axis=0), x.max(axis=0)
+        low = np.concatenate([lo, np.zeros(self.D + 1, np.float32)])
+        high = np.concatenate([np.where(hi > lo, hi, lo + 1), np.ones(self.D + 1, np.float32)])
+        self.observation_space = gym.spaces.Box(low, high, dtype=np.float32)
         self.action_space = gym.spaces.Discrete(self.D)
         self.assignment = np.zeros(self.n, np.int32)
         self.t = 0

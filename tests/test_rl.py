@@ -251,6 +251,7 @@ def test_gym_env_episode_reward_is_the_simulated_step():
     while not done:
         a = int(np.flatnonzero(info["action_mask"])[-1])
         obs, r, done, _, info = env.step(a)
+        assert env.observation_space.contains(obs)  # the space's bounds hold every observation
         total += r
         steps += 1
     assert steps == p.n_groups
