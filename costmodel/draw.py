@@ -276,14 +276,23 @@ def render_dot(source: str, fmt: str, dpi: int = 150) -> bytes:
         raise UserError("Graphviz 'dot' is not on PATH: install it (Debian/Ubuntu: apt-get install graphviz; "
                         "macOS: brew install graphviz) or use --engine matplotlib")
     args = [exe, f"-T{fmt}"] + ([f"-Gdpi={dpi}"] if fmt == "png" else [])
-    try:
-        r = subprocess.run(args, input=source.encode(), capture_output=True, timeout=DOT_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise UserError(f"dot did not lay the drawing out within {DOT_TIMEOUT_S} s: use fewer boxes "
-                        "(--max-layers, --by scope --depth 1) or --engine matplotlib") from None
+
+    def run(extra):
+        try:
+            return subprocess.run(args + extra, input=source.encode(), capture_output=True, timeout=DOT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise UserError(f"dot did not lay the drawing out within {DOT_TIMEOUT_S} s: use fewer boxes "
+                            "(--max-layers, --by scope --depth 1) or --engine matplotlib") from None
+
+    r = run([])
+    if r.returncode != 0 and b"spline" in r.stderr:
+        # dot's spline router gives up on some layouts (Graphviz 2.43: an edge between two
+        # boxes of one rank, "lost ... edge"); straight edges always route
+        r = run(["-Gsplines=line"])
     if r.returncode != 0:
         msg = r.stderr.decode(errors="replace").strip().splitlines()
-        raise UserError(f"dot failed: {msg[0] if msg else 'exit ' + str(r.returncode)}")
+        errors = [m for m in msg if m.startswith("Error")]
+        raise UserError(f"dot failed: {(errors or msg or ['exit ' + str(r.returncode)])[0]}")
     return r.stdout
 
 
