@@ -238,6 +238,10 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
                                   "samples": [[int(s), float(t)] for s, t in samples],
                                   "chain_samples": [[int(k), float(t)] for k, t in counts]})
             log(f"  latency {lat[a, b]:,.1f} µs, bandwidth {bw[a, b]:,.0f} bytes/µs")
+            if bw[a, b] >= 1e12:  # fit_link's answer when larger transfers took no longer
+                log(f"  note: transfers up to {max(sizes):,} bytes took no longer than small ones (timing "
+                    f"noise is larger than the size effect), so the link is taken to cost no time per "
+                    f"byte: time larger transfers (--max-transfer) for a bandwidth")
 
     cluster = _cluster(name, names, spec, profile, lat, bw, memory_bytes or {})
     if split_steps > 0 and D > 1:
