@@ -47,6 +47,9 @@ from .errors import UserError, atomic_write, read_json
 
 FORMAT = "placetool.profile"
 VERSION = 1
+#: the bandwidth (bytes/µs) :func:`fit_link` gives a link whose larger transfers took no
+#: longer than its small ones: no cost per byte that the timings can tell
+UNMEASURED_BANDWIDTH = 1e12
 
 
 class ProfileError(UserError):
@@ -123,7 +126,7 @@ def fit_link(nbytes, times_us) -> tuple[float, float]:
     if not small.any():
         small = x <= np.median(x)
     lat = max(float(np.median(t[small] - x[small] * per_byte)), 0.0)
-    bw = 1.0 / per_byte if per_byte > 0 else 1e12
+    bw = 1.0 / per_byte if per_byte > 0 else UNMEASURED_BANDWIDTH
     return lat, bw
 
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from placetool.costmodel import CostModel
-from placetool.costmodel.calibration import (OpFit, Profile, ProfileError, count_latency, fit_link,
-                                             fit_op_type, load_profile)
+from placetool.costmodel.calibration import (UNMEASURED_BANDWIDTH, OpFit, Profile, ProfileError, count_latency,
+                                             fit_link, fit_op_type, load_profile)
 from placetool.costmodel.errors import UserError
 
 from .helpers import cluster as make_cluster
@@ -75,6 +75,9 @@ def test_link_fits_recover_latency_and_bandwidth():
     assert count_latency([2, 8, 32], [100 + 2 * 40, 100 + 8 * 40, 100 + 32 * 40]) == pytest.approx(40.0)
     with pytest.raises(ValueError):
         fit_link([1024, 1024], [1.0, 2.0])
+    # larger transfers no slower (noise over too small a range): no per-byte cost, said as such
+    assert fit_link([1024, 4096, 16384, 65536], [120.0, 118.0, 117.0, 115.0]) == (pytest.approx(117.5),
+                                                                                   UNMEASURED_BANDWIDTH)
 
 
 def test_profile_measured_then_fit_then_nan_and_round_trip(tmp_path):

@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from placetool.costmodel.calibration import (Profile, StepSample, count_latency, fit_link,
+from placetool.costmodel.calibration import (UNMEASURED_BANDWIDTH, Profile, StepSample, count_latency, fit_link,
                                              fit_transfer_costs, with_transfer_params)
 from placetool.costmodel.cluster import Cluster
 from placetool.costmodel.graph import KIND_BITS
@@ -238,7 +238,7 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
                                   "samples": [[int(s), float(t)] for s, t in samples],
                                   "chain_samples": [[int(k), float(t)] for k, t in counts]})
             log(f"  latency {lat[a, b]:,.1f} µs, bandwidth {bw[a, b]:,.0f} bytes/µs")
-            if bw[a, b] >= 1e12:  # fit_link's answer when larger transfers took no longer
+            if bw[a, b] >= UNMEASURED_BANDWIDTH:
                 log(f"  note: transfers up to {max(sizes):,} bytes took no longer than small ones (timing "
                     f"noise is larger than the size effect), so the link is taken to cost no time per "
                     f"byte: time larger transfers (--max-transfer) for a bandwidth")
