@@ -423,8 +423,9 @@ def check_options(name: str, options: dict, spell: Callable[[str], str] = repr) 
     """``options`` of method ``name`` checked against its signature before it runs:
     each must be a keyword the method takes and of the kind its annotation names
     (``bool``, ``int``, ``float``, ``str``, :data:`Count`, :data:`Share`,
-    :data:`Positive`, :data:`NonNegative`, ``X | None``; options without one are the
-    method's to check). Returns them, ints made floats where a number is asked for; SearchError names
+    :data:`Positive`, :data:`NonNegative`, ``X | None``, read as written: the modules
+    use ``from __future__ import annotations``; options without one are the method's to
+    check). Returns them, ints made floats where a number is asked for; SearchError names
     the method, the option (as ``spell`` writes it: a command line names its flag) and
     the value.
 
