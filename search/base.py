@@ -402,21 +402,26 @@ Share = float
 Positive = float
 NonNegative = float
 
+
+def _integer(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v))
+
+
 _KINDS = {
     "bool": ("true or false", lambda v: isinstance(v, bool)),
-    "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-    "Count": ("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
-    "float": ("a number", lambda v: _number(v)),
+    "int": ("an integer", _integer),
+    "Count": ("an integer >= 1", lambda v: _integer(v) and v >= 1),
+    "float": ("a number", _number),
     "Share": ("a number from 0 to 1", lambda v: _number(v) and 0 <= v <= 1),
     "Positive": ("a number > 0", lambda v: _number(v) and v > 0),
     "NonNegative": ("a number >= 0", lambda v: _number(v) and v >= 0),
     "str": ("text", lambda v: isinstance(v, str)),
     "None": ("none", lambda v: v is None),
 }
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v))
 
 
 def check_options(name: str, options: dict, spell: Callable[[str], str] = repr) -> dict:
@@ -460,7 +465,7 @@ def check_value(what: str, annotation: str, value):
         return value
     if not any(_KINDS[k][1](value) for k in kinds):
         raise SearchError(f"{what} must be {' or '.join(_KINDS[k][0] for k in kinds)}, got {value!r}")
-    if isinstance(value, int) and not isinstance(value, bool) and not {"int", "Count"} & set(kinds):
+    if _integer(value) and not {"int", "Count"} & set(kinds):
         return float(value)  # 1 where a share or a number is asked for
     return value
 
