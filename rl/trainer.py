@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from placetool.costmodel.errors import UserError
-from placetool.search.base import BudgetExhausted, Count, NonNegative, Positive, Share, check_value
+from placetool.search.base import BudgetExhausted, Count, NonNegative, Positive, Share, Size, check_value
 
 from .tfutil import tf as _tf
 
@@ -53,7 +53,7 @@ class TrainConfig:
     guide_affinity: NonNegative = 1.0  # with guide: how strongly a leaving group goes where its neighbours are
     min_moves: NonNegative = 0.0  # frozen network: samples leave the mode on at least this many atoms on
     #                             average, the learnt leave-probabilities scaled up to it (0: no floor)
-    compound: int = 0           # with guide: this many of the K samples per step are compound moves along the
+    compound: Size = 0          # with guide: this many of the K samples per step are compound moves along the
     #                             mode's critical path (a run of groups to one device, a transfer pulled onto one
     #                             side, a swap; search.critical.CriticalMoves) instead of the policy's draws
     compound_from: Share = 0.0  # with compound: draw them only while the spent fraction of the budget is
@@ -79,8 +79,6 @@ class TrainConfig:
             raise UserError(f"rl: residual_optimizer must be 'adam' or 'sgd', got {cfg.residual_optimizer!r}")
         if not (cfg.guide == 0 or cfg.guide >= 1):
             raise UserError(f"rl: guide must be 0 (off) or >= 1, got {cfg.guide!r}")
-        if cfg.compound < 0:
-            raise UserError(f"rl: compound must be >= 0, got {cfg.compound!r}")
         if not cfg.compound_from <= cfg.compound_until:
             raise UserError(f"rl: compound_until must be a fraction of the budget in [compound_from, 1], "
                             f"got {cfg.compound_until!r}")

@@ -395,9 +395,10 @@ def seed_methods() -> tuple[str, ...]:
 
 
 #: Annotations of method options that :func:`check_options` reads beyond ``bool``,
-#: ``int``, ``float``, ``str`` and ``None``: a count (an int >= 1), a share (a number in
-#: [0, 1]), a positive number and a number >= 0.
+#: ``int``, ``float``, ``str`` and ``None``: a count (an int >= 1), a size (an int >= 0),
+#: a share (a number in [0, 1]), a positive number and a number >= 0.
 Count = int
+Size = int
 Share = float
 Positive = float
 NonNegative = float
@@ -415,6 +416,7 @@ _KINDS = {
     "bool": ("true or false", lambda v: isinstance(v, bool)),
     "int": ("an integer", _integer),
     "Count": ("an integer >= 1", lambda v: _integer(v) and v >= 1),
+    "Size": ("an integer >= 0", lambda v: _integer(v) and v >= 0),
     "float": ("a number", _number),
     "Share": ("a number from 0 to 1", lambda v: _number(v) and 0 <= v <= 1),
     "Positive": ("a number > 0", lambda v: _number(v) and v > 0),
@@ -427,7 +429,7 @@ _KINDS = {
 def check_options(name: str, options: dict, spell: Callable[[str], str] = repr) -> dict:
     """``options`` of method ``name`` checked against its signature before it runs:
     each must be a keyword the method takes and of the kind its annotation names
-    (``bool``, ``int``, ``float``, ``str``, :data:`Count`, :data:`Share`,
+    (``bool``, ``int``, ``float``, ``str``, :data:`Count`, :data:`Size`, :data:`Share`,
     :data:`Positive`, :data:`NonNegative`, ``X | None``, read as written: the modules
     use ``from __future__ import annotations``; options without one are the method's to
     check). Returns them, ints made floats where a number is asked for; SearchError names
@@ -465,7 +467,7 @@ def check_value(what: str, annotation: str, value):
         return value
     if not any(_KINDS[k][1](value) for k in kinds):
         raise SearchError(f"{what} must be {' or '.join(_KINDS[k][0] for k in kinds)}, got {value!r}")
-    if _integer(value) and not {"int", "Count"} & set(kinds):
+    if _integer(value) and not {"int", "Count", "Size"} & set(kinds):
         return float(value)  # 1 where a share or a number is asked for
     return value
 

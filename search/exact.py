@@ -47,7 +47,7 @@ import numpy as np
 from numba import njit
 
 from .annealing import seed_assignments
-from .base import Budget, BudgetExhausted, Count, Share, get, register
+from .base import Budget, BudgetExhausted, Count, Share, Size, get, register
 
 
 class Ops(NamedTuple):
@@ -390,7 +390,7 @@ CALL_WORK = 1_600_000
 
 def make_tree(problem, gorder, cls, batch: int, probe_depth: int | None = None) -> Tree:
     G, D = problem.n_groups, problem.n_devices
-    P = min(G, (G if G <= PROBE_GROUPS else 0) if probe_depth is None else max(0, probe_depth))
+    P = min(G, (G if G <= PROBE_GROUPS else 0) if probe_depth is None else probe_depth)
     return Tree(
         gdev=np.full(G, -1, np.int64), gorder=np.ascontiguousarray(gorder, np.int64).copy(),
         static=np.ascontiguousarray(gorder, np.int64),
@@ -630,7 +630,7 @@ def descend(problem, tracker, assignment, step_us: float, batch: int = 256) -> f
 
 @register("exact", budget=Budget(seconds=60.0))
 def exact(problem, budget, seed, tracker, leaf_batch: Count = 256, seeds=None, incumbent_share: Share = 0.2,
-          chunk: Count = 4096, probe_depth: int | None = None):
+          chunk: Count = 4096, probe_depth: Size | None = None):
     """Branch and bound over group assignments: optimal, or the best with a proven gap.
     ``probe_depth``: how many levels of the tree try every free group before choosing
     one (see :func:`expand`); None = all of them on problems of up to

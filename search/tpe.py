@@ -23,7 +23,7 @@ import logging
 import numpy as np
 
 from .annealing import objective, seed_assignments
-from .base import BudgetExhausted, Count, SearchError, register
+from .base import BudgetExhausted, Count, SearchError, Size, register
 
 
 def coarsen(problem, variables: int = 100):
@@ -80,7 +80,7 @@ def _storage(url):
 
 @register("tpe")
 def tpe(problem, budget, seed, tracker, variables: Count = 100, batch: Count = 16, storage: str | None = None,
-        seeds=None, startup: int = 10, multivariate: bool = True, anchor: bool = True):
+        seeds=None, startup: Size = 10, multivariate: bool = True, anchor: bool = True):
     """Optuna TPE over topological chunks of groups (see the module docstring)."""
     cap = problem.cost_model.capacity
     chunk, n_chunks, devs = coarsen(problem, variables)

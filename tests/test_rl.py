@@ -581,7 +581,7 @@ def test_rl_compound_samples_are_moves_along_the_modes_critical_path():
     off = run("rl", p, Budget(evals=400), seed=0, compound=0)
     assert off.metadata["improvements"]["compound"] == off.metadata["compound_samples"] == 0
     assert not off.metadata["source"].startswith("compound")
-    with pytest.raises(UserError, match="compound must be >= 0"):
+    with pytest.raises(UserError, match="option 'compound' must be an integer >= 0, got -1"):
         run("rl", p, Budget(evals=10), seed=0, compound=-1)
 
     # compound_from: none in the first half of the budget (a step scores at most 32 + 1, and

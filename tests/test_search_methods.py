@@ -99,6 +99,8 @@ def test_options_are_checked_against_the_signature_before_the_method_runs():
         run("sa", p, Budget(evals=10), patience=2.0)
     with pytest.raises(SearchError, match="takes no option 'bogus'"):
         run("heft", p, Budget(evals=10), bogus=1)
+    with pytest.raises(SearchError, match=r"method 'tpe': option 'startup' must be an integer >= 0, got -1"):
+        run("tpe", p, Budget(evals=10), startup=-1)
     # numbers become floats where a number is asked for; None where allowed; unannotated
     # options and rl's own settings pass through unchecked
     assert check_options("sa", {"guided": 1, "patience": None, "kinds": "pull"}) == \
@@ -107,6 +109,7 @@ def test_options_are_checked_against_the_signature_before_the_method_runs():
     assert check_options("rl", {"explore": 2, "lr": "x"}) == {"explore": 2.0, "lr": "x"}
     r = run("sa", p, Budget(evals=30), seed=0, guided=1, accept_end=0)  # edges of the ranges are fine
     assert r.feasible
+    assert check_options("tpe", {"startup": 0}) == {"startup": 0}
 
 
 @pytest.mark.parametrize("method", OURS)
