@@ -49,19 +49,27 @@ def rl():
               help="Problems (graph x cluster) sampled per step, in rotation (default: all).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--logdir", type=click.Path(file_okay=False), default=None, help="TensorBoard scalars and checkpoints.")
+@click.option("--force", is_flag=True, help="Replace a policy already saved in OUT.")
 @json_option
 @quiet_option
 def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps, samples, per_step, seed, logdir,
-             as_json, quiet):
+             force, as_json, quiet):
     """Train one policy on several graphs at once and save it to OUT.
 
     The per-problem residual logits are off here, so everything the policy learns is in
-    weights that transfer to graphs it has not seen.
+    weights that transfer to graphs it has not seen. A policy already in OUT is kept
+    (an error before any work) unless ``--force`` is given.
     """
+    from pathlib import Path
+
     from placetool.costmodel import CostModel, presets
     from placetool.search.base import Problem
 
     check_writable(out, "--out", folder=True)
+    if not force and any((Path(out) / f).exists() for f in ("policy.json", "weights.npz")):
+        # a pre-trained policy may have taken hours: replacing it is asked for, not assumed
+        raise UserError(f"rl pretrain: {out} already holds a saved policy; give --force to replace it, "
+                        f"or another --out")
     check_writable(logdir, "--logdir", folder=True)
     graphs, clusters = _names(graphs), _names(clusters)
     if not graphs:

@@ -47,6 +47,14 @@ def test_rl_pretrain_arguments(tmp_path, capsys, args, words):
     assert not (tmp_path / "pol").exists()
 
 
+def test_rl_pretrain_keeps_a_saved_policy(tmp_path, capsys):
+    pol = tmp_path / "pol"
+    pol.mkdir()
+    (pol / "policy.json").write_text("{}")
+    user_error(["rl", "pretrain", "-g", "synthetic-40", "-o", pol], capsys, str(pol), "already holds", "--force")
+    assert (pol / "policy.json").read_text() == "{}" and not (pol / "weights.npz").exists()
+
+
 # ----------------------------------------------------------------- tracebacks that were
 def test_cluster_path_is_a_folder(tmp_path, capsys):
     (tmp_path / "somedir.toml").mkdir()
