@@ -463,8 +463,10 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
     while placed < n:
         bs, bt, bd, bop = np.inf, np.int64(1) << 62, -1, -1
         for d in range(D):
-            # drop stale heads, move ops whose data has arrived to the ready heap
+            # drop stale heads, move ops whose data has arrived to the ready heap, and
+            # take off d an op that may no longer go there (re-queued where it may)
             while True:
+                drop = -1  # 0: the ready heap's head, 1: the pending heap's
                 if rsize[d] > 0:
                     op = rid[d, 0]
                     if place[op] >= 0:
@@ -472,13 +474,8 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                         continue
                     _candidates(op, group[op], T, gdev, gmem, used, cap, pref[op], cand)
                     if not cand[d]:
-                        _, rsize[d] = _hpop(rk[d], rt[d], rid[d], rsize[d])
-                        inq[op] -= 1
-                        if inq[op] == 0:
-                            fb_of[op] = _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref[op], dr, avail,
-                                                       group, cand, inq, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
-                        continue
-                if psize[d] > 0:
+                        drop = 0
+                if drop < 0 and psize[d] > 0:
                     op = pid[d, 0]
                     if place[op] >= 0:
                         _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
@@ -489,13 +486,17 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                         continue
                     _candidates(op, group[op], T, gdev, gmem, used, cap, pref[op], cand)
                     if not cand[d]:
-                        _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
-                        inq[op] -= 1
-                        if inq[op] == 0:
-                            fb_of[op] = _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref[op], dr, avail,
-                                                       group, cand, inq, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
-                        continue
-                break
+                        drop = 1
+                if drop < 0:
+                    break
+                if drop == 0:
+                    _, rsize[d] = _hpop(rk[d], rt[d], rid[d], rsize[d])
+                else:
+                    _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
+                inq[op] -= 1
+                if inq[op] == 0:
+                    fb_of[op] = _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref[op], dr, avail,
+                                               group, cand, inq, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
             if rsize[d] > 0:
                 s, t, op = avail[d], rt[d, 0], rid[d, 0]
             elif psize[d] > 0:
