@@ -4,7 +4,10 @@ Options (keyword arguments of the method; the CLI passes those it is given):
 ``policy`` (seq2seq | hierarchical | gdp; default gdp, or the saved one's kind with
 ``init_from``), ``init_from`` (a folder saved by ``placetool rl pretrain`` or by an
 earlier run, or the name of a bundled policy such as ``gdp``: fine-tune it, or with
-``--budget-evals 1`` place zero-shot), ``logdir`` (each run writes TensorBoard scalars
+``--budget-evals 1`` place zero-shot), ``zero_shot`` (with ``init_from``: place with the
+policy's mode alone, no search; a mode that does not fit in device memory is then fitted
+into it by :func:`placetool.search.memory.fit_memory`, a few more evaluations, as far as
+the budget goes; default: zero-shot when the budget is one evaluation), ``logdir`` (each run writes TensorBoard scalars
 and a checkpoint to its own subfolder), ``warm_start`` (default True: like ``sa`` and
 ``tpe``, score the cheap baselines first and start the policy with that placement as its
 mode, also when fine-tuning a pre-trained policy, whose network then decides where
@@ -18,7 +21,8 @@ the chance to leave the mode fall towards 0 as the policy learns, which stalls t
 
 The budget is the search budget: every sampled placement is one evaluation. The result's
 metadata says where the best placement came from (``source``: ``warm start NAME``,
-``policy at step N`` or ``compound move off the policy's mode at step N``), how many new
+``policy at step N``, ``compound move off the policy's mode at step N`` or ``policy's mode
+(zero-shot)``), how many new
 bests each kind of sample found (``improvements``), how many compound moves were drawn
 (``compound_samples``) and how the result compares with the warm start (``vs_warm_start``).
 """
@@ -97,7 +101,7 @@ def run_folder(logdir, label: str) -> Path:
 
 @register("rl", budget=DEFAULT_BUDGET, summary="REINFORCE placement policies (TensorFlow; see `placetool rl`)")
 def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None, logdir=None,
-       warm_start: bool = True, explore: Positive = 3.0, **options):
+       warm_start: bool = True, explore: Positive = 3.0, zero_shot: bool | None = None, **options):
     """REINFORCE with a seq2seq / hierarchical / GDP policy; metadata says what it learnt."""
     from . import policies
     from .tfutil import set_seed, tf
@@ -108,6 +112,9 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
         raise SearchError(f"unknown policy {policy!r} (known: {', '.join(policies.POLICIES)})")
     if not explore > 0:
         raise SearchError(f"rl: explore must be positive, got {explore!r}")
+    if zero_shot and init_from is None:
+        raise SearchError("rl: zero_shot places with a pre-trained policy: give one with init_from "
+                          "(--init-from gdp on the command line)")
     folder = resolve_policy_folder(init_from) if init_from is not None else None
     kind = policy or (policies.saved_kind(folder) if folder is not None else DEFAULT_POLICY)
     defaults = dict(GDP_SEARCH_DEFAULTS) if kind == "gdp" else {}
@@ -135,7 +142,8 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
         pol = policies.make(kind, problem.n_devices, seed=seed, **knobs)
     seeded, start_us = None, None
     # a pre-trained policy with one evaluation places zero-shot: its own mode, no seeds
-    zero_shot = folder is not None and budget.evals is not None and budget.evals <= 1
+    if zero_shot is None:
+        zero_shot = folder is not None and budget.evals is not None and budget.evals <= 1
     if warm_start and residual is None and pol.residual and not zero_shot:
         residual, seeded = _warm_start(pol, problem, budget, seed, tracker, explore, pretrained=folder is not None)
         if seeded is not None:
@@ -147,8 +155,12 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
     trainer = Trainer(pol, [problem], cfg, seed=seed, trackers=[tracker], logdir=run_dir, residuals=[residual])
     task = trainer.tasks[0]
     task.start_us = start_us
-    summary = trainer.train(done=tracker.done)
     atoms = task.atoms
+    fitted = 0
+    if zero_shot:
+        summary, fitted = _place_zero_shot(trainer, task, tracker)
+    else:
+        summary = trainer.train(done=tracker.done)
     if tracker.best_assignment is None:
         # start-up (TensorFlow, features) outlasted a seconds budget: answer anyway, as
         # a one-shot method does, with the policy's mode
@@ -157,13 +169,18 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
         mode = (task.frozen.greedy(),) if task.frozen else pol.greedy(task.obs)
         score(tracker, pol.assignment(atoms, mode))
         source = "policy's mode, scored after the budget (start-up took all of it)"
+    elif zero_shot:
+        source = "policy's mode (zero-shot)" + (f", {fitted} groups moved to fit in memory" if fitted else "")
+        if not tracker.best_feasible and tracker.evaluations > 1:
+            source += "; out of memory still, after fitting"
+        elif not tracker.best_feasible:
+            source += "; out of memory (with zero_shot=true, more evaluations let groups move until it fits)"
     elif seeded is not None and not (task.best < start_us):
         source = f"warm start {seeded}"
     elif task.best_step is not None and task.best_origin == "compound":
         source = f"compound move off the policy's mode at step {task.best_step}"
     elif task.best_step is not None:
-        source = f"policy at step {task.best_step}" + (" (zero-shot)" if folder is not None and task.best_step == 0
-                                                      and summary["steps"] <= 1 else "")
+        source = f"policy at step {task.best_step}"
     else:
         source = "policy (no feasible placement found)"
     return {"policy": pol.kind, "atoms": atoms.n, "groups": problem.n_groups,
@@ -175,6 +192,28 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
             "guide_updates": task.guide_updates, "improvements": dict(task.improvements),
             "compound_samples": task.compound_samples,
             "samples_per_second": summary["samples"] / max(summary["seconds"], 1e-9)}
+
+
+def _place_zero_shot(trainer, task, tracker) -> tuple[dict, int]:
+    """Score the policy's mode, fitted into device memory if it does not fit (as far as
+    the budget goes); returns the run's summary and how many groups the fitting moved."""
+    from placetool.search.memory import fit_memory
+
+    t0 = time.perf_counter()
+    pol = trainer.policy
+    mode = (task.frozen.greedy(),) if task.frozen else pol.greedy(task.obs)
+    a = np.asarray(pol.assignment(task.atoms, mode)[0], np.int32)
+    before = tracker.evaluations
+    placed, _ = fit_memory(task.problem, a, tracker)
+    if before == 0 and tracker.history:  # nothing was scored before: the first best is the mode
+        task.mode_start_us = float(tracker.history[0][2])
+    if tracker.best_assignment is not None:
+        trainer.log({"best_step_us": tracker.best_step_us, "greedy_step_us": task.mode_start_us or np.inf,
+                     "lower_bound_us": task.scale})
+        if trainer.writer is not None:
+            trainer.writer.flush()
+    return {"steps": 0, "samples": tracker.evaluations - before,
+            "seconds": round(time.perf_counter() - t0, 3)}, int(np.count_nonzero(placed != a))
 
 
 #: logit given to the warm-start device of each atom by the coarse policies (seq2seq):

@@ -439,7 +439,7 @@ class Trainer:
             self._apply(grads_sum)
         self.step_no += 1
         out = {k: float(np.mean([s[k] for s in stats])) for k in (stats[0] if stats else {}) if all(k in s for s in stats)}
-        self._log(out)
+        self.log(out)
         return out
 
     #: the kinds of CriticalMoves measured (benchmarks/README.md, "Compound moves among the
@@ -473,7 +473,9 @@ class Trainer:
             task.guide_mode = mode
             task.guide_updates += 1
 
-    def _log(self, scalars: dict) -> None:
+    def log(self, scalars: dict) -> None:
+        """TensorBoard scalars at the current step (with a logdir), and a checkpoint every
+        ``checkpoint_every`` steps."""
         if self.writer is not None and scalars:
             with self.writer.as_default(step=self.step_no):
                 for k, v in scalars.items():

@@ -15,7 +15,7 @@ import pytest
 from placetool.costmodel import CostModel, presets
 from placetool.costmodel.errors import UserError
 from placetool.costmodel.graph import OpGraph
-from placetool.search import Budget, Problem, run
+from placetool.search import Budget, Problem, SearchError, run
 
 tf = pytest.importorskip("tensorflow")
 
@@ -343,7 +343,7 @@ def test_bundled_policy_places_held_out_graphs_zero_shot():
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["evaluations"] == 1 and out["feasible"]
-    assert out["metadata"]["source"].startswith("policy at step 0")
+    assert out["metadata"]["source"] == "policy's mode (zero-shot)" and out["metadata"]["steps"] == 0
     # the same greedy placement as loading the policy by hand
     p = Problem(CostModel(presets.load_graph("transformer"), presets.load_cluster("k40x8")))
     pol, _ = policies.load(folder, n_devices=p.n_devices)
@@ -353,6 +353,39 @@ def test_bundled_policy_places_held_out_graphs_zero_shot():
     t = tiny_problem()
     r = run("rl", t, Budget(evals=1), seed=0, init_from="gdp")
     assert r.evaluations == 1 and t.is_valid(r.assignment)
+
+
+@pytest.mark.timeout(60)
+def test_zero_shot_placement_is_fitted_into_memory_when_asked():
+    """A mode that does not fit stays as it is with one evaluation (the result says so);
+    with ``zero_shot=True`` and a few more it is fitted into memory as fit_memory does."""
+    from placetool.rl import policies
+    from placetool.rl.method import bundled_policy
+    from placetool.search import Tracker
+    from placetool.search.memory import fit_memory
+
+    p = Problem(CostModel(presets.load_graph("synthetic-160"), presets.load_cluster("k80x4")))
+    pol, _ = policies.load(bundled_policy("gdp"), n_devices=p.n_devices)
+    atoms = pol.atoms_for(p)
+    mode = np.asarray(pol.assignment(atoms, pol.greedy(pol.obs(atoms)))[0], np.int32)
+    cm = p.cost_model
+    peak = cm.simulate(p.placement(mode)).peak_memory_bytes
+    d = int(np.argmax(peak))
+    cm.capacity = cm.capacity.copy()
+    cm.capacity[d] = peak[d] * 2 // 3  # the mode no longer fits on its busiest device
+
+    one = run("rl", p, Budget(evals=1), seed=0, init_from="gdp")
+    assert one.evaluations == 1 and not one.feasible and np.array_equal(one.assignment, mode)
+    assert "out of memory (with zero_shot=true" in one.metadata["source"]
+    fit = run("rl", p, Budget(evals=10), seed=0, init_from="gdp", zero_shot=True)
+    want, r = fit_memory(p, mode, Tracker(p, Budget(evals=10)))
+    assert fit.feasible and bool(r.feasible[0]) and np.array_equal(fit.assignment, want)
+    moved = int(np.count_nonzero(want != mode))
+    assert fit.metadata["source"] == f"policy's mode (zero-shot), {moved} groups moved to fit in memory"
+    assert 1 < fit.evaluations <= 10 and fit.metadata["warm_start"] is None
+    assert fit.metadata["mode_start_us"] == one.step_time_us
+    with pytest.raises(SearchError, match="zero_shot places with a pre-trained policy"):
+        run("rl", p, Budget(evals=10), seed=0, zero_shot=True)
 
 
 @pytest.mark.timeout(60)
