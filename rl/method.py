@@ -7,8 +7,8 @@ earlier run, or the name of a bundled policy such as ``gdp``: fine-tune it, or w
 ``--budget-evals 1`` place zero-shot), ``zero_shot`` (with ``init_from``: place with the
 policy's mode alone, no search; a mode that does not fit in device memory is then fitted
 into it by :func:`placetool.search.memory.fit_memory`, a few more evaluations, as far as
-the budget goes; default: zero-shot when the budget is one evaluation), ``logdir`` (each run writes TensorBoard scalars
-and a checkpoint to its own subfolder), ``warm_start`` (default True: like ``sa`` and
+the budget goes; default: zero-shot when the budget is one evaluation), ``logdir`` (each
+run writes TensorBoard scalars and a checkpoint to its own subfolder), ``warm_start`` (default True: like ``sa`` and
 ``tpe``, score the cheap baselines first and start the policy with that placement as its
 mode, also when fine-tuning a pre-trained policy, whose network then decides where
 samples move off that mode; False: learn from the network and compute-time prior
@@ -22,9 +22,9 @@ the chance to leave the mode fall towards 0 as the policy learns, which stalls t
 The budget is the search budget: every sampled placement is one evaluation. The result's
 metadata says where the best placement came from (``source``: ``warm start NAME``,
 ``policy at step N``, ``compound move off the policy's mode at step N`` or ``policy's mode
-(zero-shot)``), how many new
-bests each kind of sample found (``improvements``), how many compound moves were drawn
-(``compound_samples``) and how the result compares with the warm start (``vs_warm_start``).
+(zero-shot)``), how many new bests each kind of sample found (``improvements``), how many
+compound moves were drawn (``compound_samples``) and how the result compares with the
+warm start (``vs_warm_start``).
 """
 
 from __future__ import annotations
