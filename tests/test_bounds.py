@@ -7,7 +7,6 @@ import itertools
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from placetool.costmodel import CostModel, OpGraph
 from placetool.search import Problem
