@@ -1,5 +1,5 @@
 # Quick start on a fresh machine: `make demo`, then `make test`.
-# Both create .venv and install placetool (with its TensorFlow extra) into it on first use.
+# Both create .venv and install placetool (with its TensorFlow and OR-Tools extras) into it on first use.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[tf,dev]'
+	$(PY) -m pip install --quiet -e '.[tf,exact,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

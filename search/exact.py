@@ -23,7 +23,17 @@ each op to the end of the step (pre-emptive, so a bound); each directed link the
 way, its jobs the tensors fixed ops send to fixed consumers across it; and the level all
 work reaches when the free work is poured over the devices' fixed work. Each relaxes the
 simulator's rules, so completions can only be slower. Complete assignments are bounded
-too, and only those below the incumbent are simulated. The tree is walked by compiled
+too, and only those below the incumbent are simulated.
+
+Before the tree, under a seconds budget, CP-SAT solves placement and schedule together
+(:mod:`placetool.search.schedule_bound`, at most ``schedule_share`` of the budget): the
+least step time of any schedule of any placement under the simulator's resource rules.
+It bounds every placement at once, so the reported bound is at least it; where it
+reaches the incumbent, that is proven optimal without a tree node. Its placement is
+scored as one more candidate. The simulator runs one greedy schedule, which on these
+problems is a few percent slower than the best one, so this bound rarely proves an
+optimum by itself, but it leaves gaps of a few percent where the tree's open nodes
+leave tens of percent. The tree is walked by compiled
 code (:func:`branch`) that hands back batches of leaves for the simulator.
 
 The search starts from the best placement of a short ``sa`` run (``incumbent_share`` of
@@ -628,15 +638,46 @@ def descend(problem, tracker, assignment, step_us: float, batch: int = 256) -> f
         a, step_us = best, best_step
 
 
+def _schedule_bound(problem, budget, seed, tracker, share: float, leaf_batch: int, meta: dict) -> float:
+    """The schedule bound (:mod:`placetool.search.schedule_bound`) within ``share`` of a
+    seconds budget, its best schedule's placement scored (and descended from when it
+    beats the incumbent); returns the bound, 0 where it was not computed (the reason in
+    ``meta["schedule"]``)."""
+    from . import schedule_bound as sb
+
+    meta["schedule_bound_us"] = None
+    if not share > 0:
+        meta["schedule"] = "off (schedule_share=0)"
+    elif budget.seconds is None:
+        meta["schedule"] = "skipped: needs a seconds budget"
+    elif not sb.available():
+        meta["schedule"] = "skipped: OR-Tools is not installed (pip install 'placetool[exact]')"
+    elif sb.model_size(problem) > sb.MAX_INTERVALS:
+        meta["schedule"] = f"skipped: {sb.model_size(problem):,} intervals > {sb.MAX_INTERVALS:,}"
+    if "schedule" in meta:
+        return 0.0
+    seconds = min(budget.seconds * share, budget.seconds - tracker.seconds)
+    b = sb.schedule_bound(problem, seconds, seed=seed)
+    meta.update(schedule=b.status, schedule_bound_us=float(b.bound_us), schedule_seconds=b.seconds)
+    if b.assignment is not None and not tracker.done():
+        r = tracker.evaluate(b.assignment[None])
+        if r.feasible[0] and r.step_time_us[0] < meta["incumbent_us"]:
+            descend(problem, tracker, r.assignments[0], float(r.step_time_us[0]), leaf_batch)
+            meta["descents"] += 1
+    return float(b.bound_us)
+
+
 @register("exact", budget=Budget(seconds=60.0))
 def exact(problem, budget, seed, tracker, leaf_batch: Count = 256, seeds=None, incumbent_share: Share = 0.2,
-          chunk: Count = 4096, probe_depth: Size | None = None):
+          schedule_share: Share = 0.3, chunk: Count = 4096, probe_depth: Size | None = None):
     """Branch and bound over group assignments: optimal, or the best with a proven gap.
-    ``probe_depth``: how many levels of the tree try every free group before choosing
-    one (see :func:`expand`); None = all of them on problems of up to
-    :data:`PROBE_GROUPS` groups, none on larger ones; 0 = fixed order only. ``chunk``:
-    at most this many nodes per compiled call between budget checks (fewer on large
-    graphs, see :data:`CALL_WORK`)."""
+    ``schedule_share``: at most this share of a seconds budget goes to the schedule
+    bound (CP-SAT, see :mod:`placetool.search.schedule_bound`; 0: off). ``probe_depth``:
+    how many levels of the tree try every free group before choosing one (see
+    :func:`expand`); None = all of them on problems of up to :data:`PROBE_GROUPS`
+    groups, none on larger ones; 0 = fixed order only. ``chunk``: at most this many
+    nodes per compiled call between budget checks (fewer on large graphs, see
+    :data:`CALL_WORK`)."""
     G = problem.n_groups
     meta = {"status": "feasible", "nodes": 0, "pruned": 0, "leaves": 0, "descents": 0}
     # a good first incumbent prunes most of the tree: the seeding methods, then (under a
@@ -649,8 +690,12 @@ def exact(problem, budget, seed, tracker, leaf_batch: Count = 256, seeds=None, i
                 pass
     else:
         seed_assignments(problem, budget, seed, tracker, names=seeds, share=0.1)
+    meta["incumbent_us"] = float(tracker.best_feasible_us)
+    try:
+        sched = _schedule_bound(problem, budget, seed, tracker, schedule_share, leaf_batch, meta)
+    except BudgetExhausted:
+        sched = meta["schedule_bound_us"] or 0.0
     inc = tracker.best_feasible_us
-    meta["incumbent_us"] = float(inc)
 
     ops = make_ops(problem)
     root = problem.lower_bound_us()
@@ -664,7 +709,7 @@ def exact(problem, budget, seed, tracker, leaf_batch: Count = 256, seeds=None, i
     meta["nodes_per_call"] = nodes
     unscored = np.zeros(0)  # bounds of leaves the budget left unsimulated
     try:
-        if G:
+        if G and sched < inc:  # (the best schedule no shorter than the incumbent proves it)
             expand(tree, ops, 0, root, inc)  # every bound below is at least the root's
             c[0] = 1
         while True:
@@ -697,7 +742,8 @@ def exact(problem, budget, seed, tracker, leaf_batch: Count = 256, seeds=None, i
     # what is left unexplored: untried children on the path and unscored leaves
     rest = [tree.kid_bound[d, j] for d in range(int(c[0])) for j in range(tree.next_kid[d], tree.n_kids[d])]
     rest += unscored.tolist()
-    proven = best if not rest else max(root, min(min(rest), best))
+    proven = best if not rest else max(root, sched, min(min(rest), best))
+    proven = min(proven, best)
     meta["status"] = "optimal" if np.isfinite(best) and best <= proven * (1 + 1e-12) else "feasible"
     meta["bound_us"] = float(proven)
     meta["gap"] = float(best / meta["bound_us"] - 1) if meta["bound_us"] > 0 and np.isfinite(best) else None
