@@ -58,11 +58,9 @@ class ScheduleBound(NamedTuple):
 
 def available() -> bool:
     """Whether OR-Tools (the ``exact`` extra) is installed."""
-    try:
-        import ortools.sat.python.cp_model  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import importlib.util
+
+    return importlib.util.find_spec("ortools") is not None
 
 
 def model_size(problem) -> int:
