@@ -131,15 +131,41 @@ def load_problem(graph: str, cluster: str, profile: str | None = None):
         from placetool.costmodel.calibration import load_profile
 
         prof = load_profile(profile)
-    return g, c, CostModel(g, c, profile=prof)
+    cm = CostModel(g, c, profile=prof)
+    import numpy as np
+
+    stranded = np.flatnonzero(~cm.group_device_ok.any(axis=1))
+    if stranded.size:  # e.g. ops that only a CPU runs, on a cluster without one
+        op = g.group_ops[int(stranded[0])][0]
+        raise UserError(f"group of op {g.names[op]!r} ({g.op_types[op]}) has no device in cluster {c.name!r} "
+                        f"that can run it")
+    return g, c, cm
 
 
 def emit_json(obj) -> None:
-    click.echo(json.dumps(obj, indent=2, default=_jsonable))
+    click.echo(json.dumps(_strict(obj), indent=2, default=_jsonable, allow_nan=False))
 
 
 def write_json(path, obj) -> None:
-    atomic_write(path, json.dumps(obj, indent=1, default=_jsonable) + "\n")
+    atomic_write(path, json.dumps(_strict(obj), indent=1, default=_jsonable, allow_nan=False) + "\n")
+
+
+def _strict(x):
+    """``x`` with every infinite or NaN number made null: JSON has no Infinity, and
+    strict readers (jq, JavaScript) reject Python's (an infeasible step time is inf)."""
+    import math
+
+    import numpy as np
+
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(v) for v in x]
+    if isinstance(x, np.ndarray) and x.dtype.kind == "f":
+        return [_strict(v) for v in x.tolist()]
+    return x
 
 
 def _jsonable(x):
@@ -154,12 +180,13 @@ def _jsonable(x):
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
-def check_writable(path, option: str | None = None, folder: bool = False) -> None:
+def check_writable(path, option: str | None = None, folder: bool = False, inputs: dict | None = None) -> None:
     """Fail before any work if an output cannot be written (a read-only or full file
     system, a missing folder, a folder in place of a file...): a small temporary file is
     written and removed where it will go. ``option`` names the flag in the message;
     ``folder``: the output is a folder, created later if missing, so its nearest
-    existing parent is tried."""
+    existing parent is tried. ``inputs`` ({flag: value}): the command's input files,
+    none of which the output may be (writing it would destroy the input)."""
     import os
     import tempfile
     from pathlib import Path
@@ -168,6 +195,9 @@ def check_writable(path, option: str | None = None, folder: bool = False) -> Non
         return
     p = Path(path)
     what = f"{option} {path}" if option else str(path)
+    for flag, value in (inputs or {}).items():
+        if value is not None and _same_file(path, value):
+            raise UserError(f"{what} is also the {flag} input; writing it would destroy that file")
     if folder:
         if p.exists() and not p.is_dir():
             raise UserError(f"cannot write {what}: exists and is not a folder")
@@ -180,6 +210,8 @@ def check_writable(path, option: str | None = None, folder: bool = False) -> Non
         if p.is_dir():
             raise UserError(f"cannot write {what}: it is a folder")
         probe = p.resolve().parent
+        if probe.exists() and not probe.is_dir():
+            raise UserError(f"cannot write {what}: {probe} is a file, not a folder")
         if not probe.is_dir():
             raise UserError(f"cannot write {what}: folder {probe} does not exist")
         if p.exists() and not os.access(p, os.W_OK):
@@ -193,6 +225,16 @@ def check_writable(path, option: str | None = None, folder: bool = False) -> Non
             os.unlink(tmp)
     except OSError as e:
         raise UserError(f"cannot write {what}: {e.strerror or e} ({probe})") from None
+
+
+def _same_file(a, b) -> bool:
+    """Whether paths ``a`` and ``b`` both exist and are one file (through links too)."""
+    import os
+
+    try:
+        return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def fmt_us(us: float) -> str:

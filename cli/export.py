@@ -8,8 +8,8 @@ import click
 
 from placetool.costmodel.errors import UserError
 
-from .common import emit_json, json_option
-from .hardware import check_cluster_matches, parse_zoo_args, source_options
+from .common import check_writable, emit_json, json_option
+from .hardware import check_cluster_matches, parse_zoo_args, source_options, trace_source
 
 
 @click.command("export")
@@ -48,6 +48,8 @@ def export(source, batch, mode, optimizer, zoo_args, placement, cluster, testbed
     outp = Path(out)
     if outp.exists() and not outp.is_dir():
         raise UserError(f"--out {out}: exists and is not a folder")
+    check_writable(out, "--out", folder=True)  # before the model is traced (seconds)
+    parse_zoo_args(zoo_args)  # malformed KEY=VALUE: an error before anything loads
     is_file = placement.endswith(".json") or "/" in placement
     if cluster is None:
         if not is_file:
@@ -68,11 +70,10 @@ def export(source, batch, mode, optimizer, zoo_args, placement, cluster, testbed
     if spec is not None:
         check_cluster_matches(cl, spec)
     from placetool.costmodel.tf.export import write_export
-    from placetool.costmodel.tf.importer import trace
 
     if not (quiet or as_json):
         click.echo(f"tracing {source} ...", err=True)
-    t = trace(source, mode=mode, batch=batch, optimizer=optimizer, **parse_zoo_args(zoo_args))
+    t = trace_source(source, zoo_args, mode=mode, batch=batch, optimizer=optimizer)
     cm = CostModel(t.graph, cl)
     p = parse_placement(placement, cm)
     reason = cm.violation(p)

@@ -80,7 +80,7 @@ def trace_source(source, zoo_args, **kw):
         return trace(source, **kw, **extra)
     except UserError:
         raise
-    except (TypeError, ValueError) as e:
+    except Exception as e:  # Keras refusing units=-5, TensorFlow unable to allocate a huge model...
         if not extra:
             raise
         msg = " ".join(str(e).split())
@@ -294,8 +294,8 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
     """Measure op times and links on real devices; write a profile and a cluster file."""
     require_tf()
     cluster_out = cluster_out or str(Path(out).with_suffix(".toml"))
-    check_writable(out, "--out")
-    check_writable(cluster_out, "--cluster-out")
+    check_writable(out, "--out", inputs={"--cluster-spec": cluster_spec})
+    check_writable(cluster_out, "--cluster-out", inputs={"--cluster-spec": cluster_spec, "--out": out})
     check_one_source(testbed_n, cluster_spec, local)
     planned_spec(testbed_n, testbed_device, cluster_spec, local) if not testbed_n else None
     from placetool.costmodel.tf.calibrate import DEFAULT_SIZES, calibrate as run_calibration

@@ -33,7 +33,7 @@ def import_cmd(source, out, mode, batch, optimizer, name, as_json):
     from placetool.costmodel.tf.session import require_tf
 
     require_tf()
-    check_writable(out, "--out")
+    check_writable(out, "--out", inputs={"SOURCE": source})
     from placetool.costmodel.tf.importer import import_graph
 
     t = time.perf_counter()

@@ -209,6 +209,9 @@ def main(argv=None) -> None:
             rv = cli.main(args=args, prog_name="placetool", standalone_mode=False)
         except click.exceptions.Abort:
             fail("interrupted", EXIT_INTERRUPTED, as_json)
+        except click.exceptions.NoArgsIsHelpError as e:  # bare `placetool`: the help, as it is written
+            click.echo(e.ctx.get_help() if e.ctx is not None else e.format_message(), err=True)
+            sys.exit(EXIT_USAGE)
         except click.UsageError as e:
             cmd = e.ctx.command_path if e.ctx is not None else "placetool"
             fail(f"{e.format_message()} (see `{cmd} --help`)", EXIT_USAGE, as_json)

@@ -131,7 +131,8 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     if list_only or method == "list":
         _list_methods(as_json)
         return
-    check_writable(out, "--out")
+    inputs = {"--graph": graph, "--cluster": cluster, "--profile": profile, "--cluster-spec": cluster_spec}
+    check_writable(out, "--out", inputs=inputs)
     check_writable(logdir, "--logdir", folder=True)
     facts = S.info(method)  # unknown method: SearchError before any loading
     if budget_evals is None and budget_seconds is None:

@@ -33,7 +33,7 @@ def show(graph, cluster, placement, out, by, depth, max_layers, engine, fmt, dpi
     from placetool.costmodel.draw import draw_placement
     from placetool.costmodel.trace import figure_format
 
-    check_writable(out)
+    check_writable(out, inputs={"--graph": graph, "--cluster": cluster, "--placement": placement})
     figure_format(out, fmt)
     g, cl, cm = load_problem(graph, cluster)
     from .simulate import parse_placement

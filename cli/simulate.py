@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import click
 import numpy as np
@@ -32,7 +33,7 @@ def parse_placement(spec: str, cm) -> np.ndarray:
     if m:
         rng = np.random.default_rng(int(m.group(1) or 0))
         return g.to_placement(_assign_groups(cm, lambda k, ok: ok[rng.integers(len(ok))]))
-    if spec.endswith(".json") or "/" in spec:
+    if spec.endswith(".json") or "/" in spec or Path(spec).is_file():
         return cm.load_placement(spec)
     raise UserError(
         f"placement {spec!r}: expected a JSON file, 'single:DEVICE', 'round-robin' or 'random[:SEED]'"
@@ -59,8 +60,9 @@ def _assign_groups(cm, choose) -> np.ndarray:
 @format_options
 def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path, fmt, dpi):
     """Simulate one placement of GRAPH on CLUSTER and print its step time."""
-    check_writable(trace_path, "--trace")
-    check_writable(plot_path, "--plot")
+    inputs = {"--graph": graph, "--cluster": cluster, "--placement": placement, "--profile": profile}
+    check_writable(trace_path, "--trace", inputs=inputs)
+    check_writable(plot_path, "--plot", inputs={**inputs, "--trace": trace_path})
     if plot_path:
         try:  # a wrong suffix or format fails before any work
             figure_format(plot_path, fmt)

@@ -44,11 +44,13 @@ def sweep(sweep_file, results, workers, dask, scheduler, scheduler_file, placeme
     if workers is not None and (scheduler or scheduler_file):
         raise SweepError("--workers sizes a local pool or --dask cluster; an existing cluster has its own")
     sw = load_sweep(sweep_file)  # every name and option checked before anything runs
+    if not str(results).strip() or Path(results).name in ("", ".", ".."):
+        raise SweepError(f"--results must name a results file (e.g. results.db), got {results!r}")
     if placements_dir is None:
         p = Path(results)
         placements_dir = str(p.with_name(p.stem + "-placements"))
     if not dry_run:  # a dry run only reads: it works on a read-only copy of the results
-        check_writable(results, "--results")
+        check_writable(results, "--results", inputs={"SWEEP_FILE": sweep_file})
         check_writable(placements_dir, "--placements-dir", folder=True)
     if dry_run:
         with ResultStore(results, create=False) if Path(results).is_file() else _NoStore() as st:

@@ -38,6 +38,7 @@ Units: microseconds, bytes, FLOPs.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -292,14 +293,23 @@ class Profile:
                             f"{source}: ops.{kind}.{gname}: op {op!r} must be [type, median_us >= 0, flops, bytes]"
                         )
         fits = {}
+        if not isinstance(d.get("fits", {}), dict):
+            raise ProfileError(f"{source}: field 'fits' must be an object kind -> op type -> fit")
         for kind, by_type in d.get("fits", {}).items():
             fits[kind] = {}
+            if not isinstance(by_type, dict):
+                raise ProfileError(f"{source}: fits.{kind} must be an object op type -> fit")
             for typ, f in by_type.items():
                 try:
                     fits[kind][typ] = OpFit(float(f["intercept_us"]), float(f["us_per_flop"]),
                                             float(f["us_per_byte"]), int(f.get("n", 0)))
                 except (KeyError, TypeError, ValueError):
                     raise ProfileError(f"{source}: fits.{kind}.{typ}: needs intercept_us, us_per_flop, us_per_byte") from None
+                ft = fits[kind][typ]
+                coef = (ft.intercept_us, ft.us_per_flop, ft.us_per_byte)
+                if not all(math.isfinite(c) and c >= 0 for c in coef):  # a fit predicts times >= 0
+                    raise ProfileError(f"{source}: fits.{kind}.{typ}: intercept_us, us_per_flop and us_per_byte "
+                                       f"must be finite numbers >= 0, got {coef}")
         so = d.get("step_overhead_us", [])
         if not isinstance(so, list) or not all(isinstance(x, (int, float)) and x >= 0 for x in so):
             raise ProfileError(f"{source}: step_overhead_us must be a list of numbers >= 0")

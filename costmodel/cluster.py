@@ -81,6 +81,12 @@ class Device:
 
 #: the fields a [[devices]] entry may have (a misspelt one is an error, not a default)
 DEVICE_KEYS = frozenset(f.name for f in fields(Device))
+TOP_KEYS = frozenset({"name", "devices", "links", "metadata"})
+LINK_KEYS = frozenset({"latency_us", "bandwidth_bytes_per_us"})
+#: limits on a cluster file's figures: memory sums stay in int64, transfer times finite
+MAX_MEMORY = 1 << 60
+MAX_LATENCY_US = 1e12
+MIN_BANDWIDTH = 1e-6
 
 
 @dataclass(eq=False)
@@ -140,6 +146,7 @@ class Cluster:
         """Build from a dict shaped like the TOML file (see the module docstring)."""
         if not isinstance(d, dict):
             raise ClusterError(f"{source}: expected a table at top level")
+        _known(d, TOP_KEYS, source)
         name = d.get("name", "cluster")
         devs_in = d.get("devices")
         if not isinstance(devs_in, list) or not devs_in:
@@ -164,9 +171,11 @@ class Cluster:
                     spec[key] = _positive(e[key], f"{where}: {key}", allow_zero=key == "launch_overhead_us")
             costs = {key: _cost(e[key], f"{where}: {key}") for key in TRANSFER_COST_KEYS if key in e}
             mem = e["memory_bytes"]
-            if not isinstance(mem, int) or isinstance(mem, bool) or mem <= 0:
-                raise ClusterError(f"{where}: memory_bytes must be a positive whole number of bytes "
-                                   f"(e.g. 12884901888), got {mem!r}")
+            if not isinstance(mem, int) or isinstance(mem, bool) or not 0 < mem <= MAX_MEMORY:
+                raise ClusterError(f"{where}: memory_bytes must be a whole number of bytes from 1 to "
+                                   f"{MAX_MEMORY:,} (e.g. 12884901888), got {mem!r}")
+            if not isinstance(e["name"], str) or not e["name"].strip():
+                raise ClusterError(f"{where}: name must be non-empty text, got {e['name']!r}")
             devices.append(
                 Device(
                     name=str(e["name"]),
@@ -185,14 +194,21 @@ class Cluster:
         links = d.get("links", {})
         if not isinstance(links, dict):
             raise ClusterError(f"{source}: 'links' must be a table")
+        _known(links, {"default", "pairs"}, f"{source}: links")
         default = links.get("default")
         if not isinstance(default, dict):
             raise ClusterError(f"{source}: needs [links.default] with latency_us and bandwidth_bytes_per_us")
+        _known(default, LINK_KEYS, f"{source}: links.default")
+        if not isinstance(links.get("pairs", []), list):
+            raise ClusterError(f"{source}: links.pairs must be a list of [[links.pairs]] tables")
         lat = np.full((D, D), _link_field(default, "latency_us", f"{source}: links.default", True))
         bw = np.full((D, D), _link_field(default, "bandwidth_bytes_per_us", f"{source}: links.default"))
         index = {n: i for i, n in enumerate(names)}
         for k, p in enumerate(links.get("pairs", [])):
             where = f"{source}: links.pairs[{k}]"
+            if not isinstance(p, dict):
+                raise ClusterError(f"{where}: expected a table")
+            _known(p, LINK_KEYS | {"src", "dst", "symmetric"}, where)
             for end in ("src", "dst"):
                 if p.get(end) not in index:
                     raise ClusterError(f"{where}: unknown device {p.get(end)!r} in {end!r}")
@@ -286,6 +302,8 @@ def load(path) -> Cluster:
         raise ClusterError(f"{path}: cannot read ({e.strerror or e})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ClusterError(f"{path}: malformed TOML ({e})") from None
+    except RecursionError:
+        raise ClusterError(f"{path}: malformed TOML (nested too deeply)") from None
     d.setdefault("name", path.name.removesuffix(".toml"))
     return Cluster.from_dict(d, source=str(path))
 
@@ -307,7 +325,20 @@ def _cost(v, where) -> float:
 def _link_field(d, key, where, allow_zero=False) -> float:
     if key not in d:
         raise ClusterError(f"{where}: missing field {key!r}")
-    return _positive(d[key], f"{where}.{key}", allow_zero)
+    v = _positive(d[key], f"{where}.{key}", allow_zero)
+    # beyond these a transfer time overflows the simulator's clock (or means nothing)
+    if key == "latency_us" and v > MAX_LATENCY_US:
+        raise ClusterError(f"{where}.{key} must be at most {MAX_LATENCY_US:g} µs, got {v!r}")
+    if key == "bandwidth_bytes_per_us" and v < MIN_BANDWIDTH:
+        raise ClusterError(f"{where}.{key} must be at least {MIN_BANDWIDTH:g} bytes/µs, got {v!r}")
+    return v
+
+
+def _known(table: dict, keys, where) -> None:
+    """A misspelt field would silently fall back to a default: name the first unknown one."""
+    unknown = sorted(set(table) - set(keys))
+    if unknown:
+        raise ClusterError(f"{where}: unknown field {unknown[0]!r} (fields: {', '.join(sorted(keys))})")
 
 
 def _mode_offdiag(m: np.ndarray) -> float:

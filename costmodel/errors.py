@@ -21,8 +21,20 @@ def atomic_output(path):
     """A temporary path beside ``path`` (same suffix, for writers that pick a format by
     it) that replaces ``path`` only when the block ends without error: readers never see
     a half-written file. A failure is an :class:`OutputError` naming ``path``, and
-    nothing is left behind."""
+    nothing is left behind. A symbolic link is written through (its target is replaced,
+    the link stays); a device, pipe or socket is written into directly, as it cannot be
+    replaced by a file."""
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file() and not path.is_dir():
+        try:
+            yield str(path)
+        except OSError as e:
+            if isinstance(e, UserError):
+                raise
+            raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
+        return
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,3 +77,5 @@ def read_json(path, what: str, error=UserError):
         raise error(f"{path}: is a folder, not a {what} file") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise error(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise error(f"{path}: not valid JSON (nested too deeply)") from None

@@ -18,6 +18,8 @@ from .errors import UserError
 from .synthetic import layered
 
 SYNTHETIC = {"synthetic-1k": 1_000, "synthetic-10k": 10_000, "synthetic-50k": 50_000}
+#: the largest synthetic-N generated on request (twenty times gnmt8's ops)
+MAX_SYNTHETIC = 1_000_000
 
 
 class UnknownName(UserError):
@@ -44,7 +46,10 @@ def _synthetic_size(name: str) -> int | None:
         return SYNTHETIC[name]
     m = re.fullmatch(r"synthetic-(\d+)(k?)", name)
     if m:
-        return int(m.group(1)) * (1000 if m.group(2) else 1)
+        n = int(m.group(1)) * (1000 if m.group(2) else 1)
+        if not 2 <= n <= MAX_SYNTHETIC:
+            raise UnknownName(f"graph {name!r}: a synthetic graph has 2 to {MAX_SYNTHETIC:,} ops, not {n:,}")
+        return n
     return None
 
 

@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 
-from .base import BudgetExhausted, Count, SearchError, Share, get, register, seed_methods
+from .base import BudgetExhausted, Count, Seeds, SearchError, Share, get, register, seed_names
 from .critical import CriticalMoves, CriticalPath
 from .memory import fit_memory
 
@@ -227,7 +227,7 @@ def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
     share and join as ``NAME (fitted)``; objectives are scored against the best feasible
     seed (:func:`objective`)."""
     cap = problem.cost_model.capacity
-    names = seed_methods() if names is None else tuple(names)
+    names = seed_names(names)
     limit = budget.seconds * share if budget.seconds else 60.0
     found, skipped = [], []  # (name, assignment, step, feasible, peak)
     with tracker.sub_budget(limit) as rows:
@@ -276,7 +276,7 @@ def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
 @register("sa")
 def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = "auto", batch: Count = 8,
            guided: Share = 0.7, swap: Share = 0.1, accept_start: Share = 0.05, accept_end: Share = 0.001,
-           window: Count = 50, patience: Count | None = None, seeds=None, checkpoints: Count | None = None,
+           window: Count = 50, patience: Count | None = None, seeds: Seeds | None = None, checkpoints: Count | None = None,
            threads: Count | None = None, kinds=None, adapt: bool = True):
     """Simulated annealing with moves aimed at the simulated critical path (see the
     module docstring); returns metadata."""

@@ -394,14 +394,43 @@ def seed_methods() -> tuple[str, ...]:
     return tuple(sorted((n for n, i in t.items() if i.seed is not None), key=lambda n: (t[n].seed, n)))
 
 
+def seed_names(seeds) -> tuple[str, ...]:
+    """The seeding methods a ``seeds`` option names: None for all of them, a list of
+    names, or one string of comma-separated names (as ``--option seeds=heft,m-sct``
+    gives it); SearchError for a name that is no method, or none at all."""
+    if seeds is None:
+        return seed_methods()
+    names = [s.strip() for s in seeds.split(",")] if isinstance(seeds, str) else list(seeds)
+    names = [n for n in names if n != ""]
+    if not names or not all(isinstance(n, str) for n in names):
+        raise SearchError(f"option 'seeds' must name seeding methods (e.g. heft,m-sct; known: "
+                          f"{', '.join(seed_methods())}), got {seeds!r}")
+    unknown = [n for n in names if n not in table()]
+    if unknown:
+        raise SearchError(f"option 'seeds' names no method {unknown[0]!r} (seeding methods: "
+                          f"{', '.join(seed_methods())})")
+    return tuple(names)
+
+
+
 #: Annotations of method options that :func:`check_options` reads beyond ``bool``,
 #: ``int``, ``float``, ``str`` and ``None``: a count (an int >= 1), a size (an int >= 0),
-#: a share (a number in [0, 1]), a positive number and a number >= 0.
+#: a share (a number in [0, 1]), a positive number, a number >= 0 and seeding methods
+#: (:func:`seed_names`).
 Count = int
 Size = int
 Share = float
 Positive = float
 NonNegative = float
+Seeds = str
+
+
+def _seeds(v) -> bool:
+    try:
+        seed_names(v)
+    except SearchError:
+        return False
+    return v is not None
 
 
 def _integer(v) -> bool:
@@ -422,6 +451,7 @@ _KINDS = {
     "Positive": ("a number > 0", lambda v: _number(v) and v > 0),
     "NonNegative": ("a number >= 0", lambda v: _number(v) and v >= 0),
     "str": ("text", lambda v: isinstance(v, str)),
+    "Seeds": ("seeding methods, comma-separated (" + "{seeds}" + ")", _seeds),
     "None": ("none", lambda v: v is None),
 }
 
@@ -430,7 +460,7 @@ def check_options(name: str, options: dict, spell: Callable[[str], str] = repr) 
     """``options`` of method ``name`` checked against its signature before it runs:
     each must be a keyword the method takes and of the kind its annotation names
     (``bool``, ``int``, ``float``, ``str``, :data:`Count`, :data:`Size`, :data:`Share`,
-    :data:`Positive`, :data:`NonNegative`, ``X | None``, read as written: the modules
+    :data:`Positive`, :data:`NonNegative`, :data:`Seeds`, ``X | None``, read as written: the modules
     use ``from __future__ import annotations``; options without one are the method's to
     check). Returns them, ints made floats where a number is asked for; SearchError names
     the method, the option (as ``spell`` writes it: a command line names its flag) and
@@ -466,7 +496,8 @@ def check_value(what: str, annotation: str, value):
     if not all(k in _KINDS for k in kinds):
         return value
     if not any(_KINDS[k][1](value) for k in kinds):
-        raise SearchError(f"{what} must be {' or '.join(_KINDS[k][0] for k in kinds)}, got {value!r}")
+        kind = " or ".join(_KINDS[k][0] for k in kinds).replace("{seeds}", ", ".join(seed_methods()))
+        raise SearchError(f"{what} must be {kind}, got {value!r}")
     if _integer(value) and not {"int", "Count", "Size"} & set(kinds):
         return float(value)  # 1 where a share or a number is asked for
     return value

@@ -57,7 +57,7 @@ import numpy as np
 from numba import njit
 
 from .annealing import seed_assignments
-from .base import Budget, BudgetExhausted, Count, Share, Size, get, register
+from .base import Budget, BudgetExhausted, Count, Seeds, Share, Size, get, register
 
 
 class Ops(NamedTuple):
@@ -658,7 +658,10 @@ def _schedule_bound(problem, budget, seed, tracker, share: float, leaf_batch: in
         return 0.0
     seconds = min(budget.seconds * share, budget.seconds - tracker.seconds)
     b = sb.schedule_bound(problem, seconds, seed=seed)
-    meta.update(schedule=b.status, schedule_bound_us=float(b.bound_us), schedule_seconds=b.seconds)
+    meta.update(schedule=b.status, schedule_seconds=b.seconds)
+    if b.status.startswith("failed"):
+        return 0.0
+    meta["schedule_bound_us"] = float(b.bound_us)
     if b.assignment is not None and not tracker.done():
         r = tracker.evaluate(b.assignment[None])
         if r.feasible[0] and r.step_time_us[0] < meta["incumbent_us"]:
@@ -668,7 +671,7 @@ def _schedule_bound(problem, budget, seed, tracker, share: float, leaf_batch: in
 
 
 @register("exact", budget=Budget(seconds=60.0))
-def exact(problem, budget, seed, tracker, leaf_batch: Count = 256, seeds=None, incumbent_share: Share = 0.2,
+def exact(problem, budget, seed, tracker, leaf_batch: Count = 256, seeds: Seeds | None = None, incumbent_share: Share = 0.2,
           schedule_share: Share = 0.3, chunk: Count = 4096, probe_depth: Size | None = None):
     """Branch and bound over group assignments: optimal, or the best with a proven gap.
     ``schedule_share``: at most this share of a seconds budget goes to the schedule

@@ -32,7 +32,9 @@ known (``benchmarks/exact.py``), where the bounds of the branch-and-bound tree l
 
 from __future__ import annotations
 
+import io
 import os
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -46,7 +48,8 @@ MAX_INTERVALS = 20_000
 class ScheduleBound(NamedTuple):
     """What CP-SAT proved: ``bound_us`` (a lower bound on every placement's simulated
     step time), ``status`` (``optimal``: the model was solved, ``bound``: the time ran
-    out first, ``infeasible``: no placement runs at all), the placement of its best schedule (``assignment``, None if none was
+    out first, ``infeasible``: no placement runs at all, ``failed: WHY``: the solver's
+    process failed, bound 0), the placement of its best schedule (``assignment``, None if none was
     found) and that schedule's length (``schedule_us``), and the seconds it took."""
 
     bound_us: float
@@ -72,26 +75,63 @@ def model_size(problem) -> int:
 def schedule_bound(problem, seconds: float, seed: int = 0, workers: int | None = None) -> ScheduleBound:
     """Solve the schedule relaxation of ``problem`` (see the module docstring) for at
     most ``seconds``; ``workers``: CP-SAT's threads (default: the machine's cores, at
-    most 8)."""
-    from ortools.sat.python import cp_model
+    most 8).
+
+    CP-SAT runs in a child process: OR-Tools and TensorFlow ship different builds of
+    protobuf and absl, and CP-SAT crashes a process that has loaded TensorFlow (the rl
+    methods do). A child that fails or crashes gives status ``failed`` and bound 0."""
+    import subprocess
+    import time
 
     g, cm, cl = problem.graph, problem.cost_model, problem.cluster
     n, D, G = g.n_ops, problem.n_devices, problem.n_groups
     if n == 0:
         return ScheduleBound(0.0, "optimal", np.zeros(G, np.int32), 0.0, 0.0)
-    T, group = cm.T, g.group
+    T = cm.T
     lat, bw = cl.latency_us, cl.bandwidth_bytes_per_us
-    ptr, cons = g.csr.tensor_ptr, g.csr.tensor_cons
     # a device where some op of the group has no kernel is no choice for the group
     ok = problem.allowed.copy()
     for o in range(n):
-        ok[group[o]] &= np.isfinite(T[o])
-    dur = np.floor(np.where(np.isfinite(T), T, 0.0) * SCALE).astype(np.int64)
+        ok[g.group[o]] &= np.isfinite(T[o])
     comm = np.zeros((len(g.tensor_op), D, D), np.int64)
     for a in range(D):
         for b in range(D):
             if a != b:
                 comm[:, a, b] = np.floor((lat[a, b] + g.tensor_bytes / bw[a, b]) * SCALE)
+    arrays = dict(
+        dur=np.floor(np.where(np.isfinite(T), T, 0.0) * SCALE).astype(np.int64), ok=ok,
+        group=np.asarray(g.group, np.int64), edge_src=np.asarray(g.edge_src, np.int64),
+        edge_dst=np.asarray(g.edge_dst, np.int64), tensor_op=np.asarray(g.tensor_op, np.int64),
+        tensor_ptr=np.asarray(g.csr.tensor_ptr, np.int64), tensor_cons=np.asarray(g.csr.tensor_cons, np.int64),
+        comm=comm, settings=np.array([max(float(seconds), 0.01), int(workers or min(8, os.cpu_count() or 1)),
+                                      int(seed) & 0x7FFFFFFF, os.getpid()], np.float64))
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    t0 = time.perf_counter()
+    try:
+        out = subprocess.run([sys.executable, "-m", __name__], input=buf.getvalue(), capture_output=True,
+                             timeout=float(seconds) + 60.0, check=True).stdout
+        with np.load(io.BytesIO(out), allow_pickle=False) as z:
+            status, bound, schedule, wall = str(z["status"]), float(z["bound"]), float(z["schedule"]), float(z["wall"])
+            assignment = z["assignment"].astype(np.int32) if z["assignment"].size else None
+    except (subprocess.SubprocessError, OSError, ValueError, KeyError) as e:
+        why = getattr(e, "stderr", b"") or b""
+        last = why.decode("utf-8", "replace").strip().splitlines()[-1:] or [type(e).__name__]
+        return ScheduleBound(0.0, f"failed: {last[0]}", None, None, time.perf_counter() - t0)
+    if status == "infeasible":
+        return ScheduleBound(np.inf, status, None, None, wall)
+    return ScheduleBound(bound, status, assignment, schedule if assignment is not None else None, wall)
+
+
+def _solve(z) -> dict:
+    """Build and solve the model from the arrays :func:`schedule_bound` packs (in the child)."""
+    from ortools.sat.python import cp_model
+
+    dur, ok, group, comm = z["dur"], z["ok"], z["group"], z["comm"]
+    ptr, cons, tensor_op = z["tensor_ptr"], z["tensor_cons"], z["tensor_op"]
+    seconds, workers, seed, _ = z["settings"]
+    n, D = dur.shape
+    G = ok.shape[0]
     # a schedule that runs everything one after another, transfers included, fits
     horizon = int(dur.max(axis=1).sum() + comm.max(axis=(1, 2)).sum() * max(D - 1, 1)) + 1
 
@@ -112,11 +152,11 @@ def schedule_bound(problem, seconds: float, seed: int = 0, workers: int | None =
                 m.add(end[o] == start[o] + int(dur[o, d])).only_enforce_if(y[group[o], d])
     for ivs in on_device:
         m.add_no_overlap(ivs)
-    for u, v in zip(g.edge_src.tolist(), g.edge_dst.tolist()):
+    for u, v in zip(z["edge_src"].tolist(), z["edge_dst"].tolist()):
         m.add(start[v] >= end[u])  # data or control: never before the producer ends
     on_link = {}
-    for t in range(len(g.tensor_op)):
-        prod = int(g.tensor_op[t])
+    for t in range(len(tensor_op)):
+        prod = int(tensor_op[t])
         gp = group[prod]
         readers = [int(c) for c in cons[ptr[t]:ptr[t + 1]] if group[c] != gp]
         for a in range(D):
@@ -142,18 +182,43 @@ def schedule_bound(problem, seconds: float, seed: int = 0, workers: int | None =
     m.minimize(span)
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(float(seconds), 0.01)
-    solver.parameters.num_workers = int(workers or min(8, os.cpu_count() or 1))
-    solver.parameters.random_seed = int(seed) & 0x7FFFFFFF
+    solver.parameters.max_time_in_seconds = float(seconds)
+    solver.parameters.num_workers = int(workers)
+    solver.parameters.random_seed = int(seed)
     st = solver.solve(m)
-    if st == cp_model.INFEASIBLE:  # some group has no device whose kernels run all its ops
-        return ScheduleBound(np.inf, "infeasible", None, None, float(solver.wall_time))
     found = st in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-    assignment = None
+    assignment = np.zeros(0, np.int32)
     if found:
         assignment = np.array([next(d for d in range(D) if (gr, d) in y and solver.value(y[gr, d]))
                                for gr in range(G)], np.int32)
+    status = {cp_model.OPTIMAL: "optimal", cp_model.INFEASIBLE: "infeasible"}.get(st, "bound")
     # without a solution CP-SAT's bound is still one (0 if it proved nothing)
-    bound = max(float(solver.best_objective_bound), 0.0) / SCALE
-    return ScheduleBound(bound, "optimal" if st == cp_model.OPTIMAL else "bound", assignment,
-                         float(solver.objective_value) / SCALE if found else None, float(solver.wall_time))
+    return dict(status=np.array(status), bound=np.array(max(float(solver.best_objective_bound), 0.0) / SCALE),
+                schedule=np.array(float(solver.objective_value) / SCALE if found else np.nan),
+                wall=np.array(float(solver.wall_time)), assignment=assignment)
+
+
+def _die_with_parent(ppid: int) -> None:
+    """A solver left behind by a killed search would run out its time limit: follow the
+    parent instead (Linux; elsewhere the time limit still ends it)."""
+    import signal
+
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != ppid:  # the parent ended before the line above
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    with np.load(io.BytesIO(sys.stdin.buffer.read()), allow_pickle=False) as arrays:
+        z = {k: arrays[k] for k in arrays.files}
+    _die_with_parent(int(z["settings"][3]))
+    res = _solve(z)
+    out = io.BytesIO()
+    np.savez(out, **res)
+    sys.stdout.buffer.write(out.getvalue())

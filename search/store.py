@@ -272,6 +272,7 @@ class ResultStore:
                 for c in JSON_COLUMNS:
                     if d.get(c) is not None:
                         d[c] = json.loads(d[c])
+                _check_types(d)
                 out.append(d)
         return out
 
@@ -289,3 +290,23 @@ class ResultStore:
     def __exit__(self, *a):
         self.close()
         return False
+
+
+#: columns that hold numbers (SQLite would store any value in them)
+NUMERIC = {c: (int,) if t.startswith("INTEGER") else (int, float) for c, t in COLUMNS
+           if t.startswith(("INTEGER", "REAL"))}
+
+
+def _check_types(row: dict) -> None:
+    """A row edited by hand or damaged on disk: ValueError naming the run and column
+    (reported as a damaged row), rather than a crash in whatever reads it."""
+    for c, kinds in NUMERIC.items():
+        v = row.get(c)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, kinds)):
+            raise ValueError(f"run {_label(row)}: {c} holds {v!r}, not a number")
+    if row.get("status") == "ok" and row.get("step_time_us") is None:
+        raise ValueError(f"run {_label(row)}: finished but has no step_time_us")
+
+
+def _label(row: dict) -> str:
+    return "/".join(str(row.get(c)) for c in ("graph", "cluster", "method", "seed"))

@@ -143,6 +143,10 @@ def load_sweep(path) -> Sweep:
         raise SweepError(f"{path}: no such sweep file") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise SweepError(f"{path}: not valid TOML ({e})") from None
+    except RecursionError:
+        raise SweepError(f"{path}: not valid TOML (nested too deeply)") from None
+    except IsADirectoryError:
+        raise SweepError(f"{path}: is a folder, not a sweep file") from None
     return parse_sweep(doc, path)
 
 
@@ -183,11 +187,13 @@ def parse_sweep(doc: dict, path=Path("<sweep>")) -> Sweep:
         raise SweepError(f"{where}: [sweep] needs budget_seconds or budget_evals")
     if evals is not None and (not isinstance(evals, int) or isinstance(evals, bool) or evals <= 0):
         raise SweepError(f"{where}: [sweep] budget_evals must be a positive integer, got {evals!r}")
-    if seconds is not None and (not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds > 0):
-        raise SweepError(f"{where}: [sweep] budget_seconds must be a positive number, got {seconds!r}")
+    if seconds is not None and (not isinstance(seconds, (int, float)) or isinstance(seconds, bool)
+                                or not 0 < seconds < float("inf")):
+        raise SweepError(f"{where}: [sweep] budget_seconds must be a positive finite number, got {seconds!r}")
     timeout = sw.get("timeout_seconds")
-    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0):
-        raise SweepError(f"{where}: [sweep] timeout_seconds must be a positive number, got {timeout!r}")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                                or not 0 < timeout < float("inf")):
+        raise SweepError(f"{where}: [sweep] timeout_seconds must be a positive finite number, got {timeout!r}")
     name = sw.get("name", path.stem)
     if not isinstance(name, str):
         raise SweepError(f"{where}: [sweep] name must be a string")
@@ -225,7 +231,11 @@ def _graph_source(name: str, base: Path, where: str) -> str:
     p = _local_path(name, base)
     if p is not None:
         return str(p)
-    if (presets.data_dir() / "graphs" / f"{name}.npz").is_file() or presets._synthetic_size(name) is not None:
+    try:
+        synthetic = presets._synthetic_size(name)
+    except UserError as e:  # synthetic-N of a size not generated
+        raise SweepError(f"{where}: {e}") from None
+    if (presets.data_dir() / "graphs" / f"{name}.npz").is_file() or synthetic is not None:
         return name
     raise SweepError(f"{where}: unknown graph {name!r}: not a file, and not one of {', '.join(presets.list_graphs())}")
 

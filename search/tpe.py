@@ -23,7 +23,7 @@ import logging
 import numpy as np
 
 from .annealing import objective, seed_assignments
-from .base import BudgetExhausted, Count, SearchError, Size, register
+from .base import BudgetExhausted, Count, SearchError, Seeds, Size, register
 
 
 def coarsen(problem, variables: int = 100):
@@ -78,9 +78,25 @@ def _storage(url):
     return JournalStorage(JournalFileBackend(path))
 
 
+def check_storage(url) -> None:
+    """SearchError now if ``url`` cannot name an Optuna storage (an unknown scheme, a
+    malformed address), not only once the seeds have been scored; connects to nothing."""
+    if url is None or url.startswith("journal://"):
+        if url is not None and not url[len("journal://"):]:
+            raise SearchError(f"tpe: journal storage {url!r} names no file (journal:///path/to/study.log)")
+        return
+    try:
+        import sqlalchemy
+
+        sqlalchemy.create_engine(url)  # parses the URL and loads its dialect, opens no connection
+    except Exception as e:
+        raise SearchError(f"tpe: cannot open Optuna storage {url!r}: {type(e).__name__}: {e} (e.g. "
+                          f"sqlite:///study.db or journal:///study.log)") from None
+
+
 @register("tpe")
 def tpe(problem, budget, seed, tracker, variables: Count = 100, batch: Count = 16, storage: str | None = None,
-        seeds=None, startup: Size = 10, multivariate: bool = True, anchor: bool = True):
+        seeds: Seeds | None = None, startup: Size = 10, multivariate: bool = True, anchor: bool = True):
     """Optuna TPE over topological chunks of groups (see the module docstring)."""
     cap = problem.cost_model.capacity
     chunk, n_chunks, devs = coarsen(problem, variables)
@@ -88,6 +104,7 @@ def tpe(problem, budget, seed, tracker, variables: Count = 100, batch: Count = 1
     fixed = chunk < 0
     names = [f"c{c}" for c in range(n_chunks)]
 
+    check_storage(storage)
     # seeds before Optuna's import (~0.5 s): a budget shorter than that still scores them
     seeds_, skipped = seed_assignments(problem, budget, seed, tracker, names=seeds)
     import optuna

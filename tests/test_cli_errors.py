@@ -190,9 +190,13 @@ def test_placement_file_checks(placement_file, capsys, change, words):
 
 
 def test_placement_file_by_index_and_name_still_load(placement_file, capsys):
+    import math
+
     p = placement_file(device=1)
     code, out, _ = call(["simulate", "-g", "synthetic-40", "-c", "k80x2", "-p", p, "--json"], capsys)
-    assert code == 0 and json.loads(out)["step_time_us"] > 0
+    cm = CostModel(presets.load_graph("synthetic-40"), presets.load_cluster("k80x2"))
+    want = cm.simulate(cm.load_placement(p)).step_time_us  # inf (a split group) is null in JSON
+    assert code == 0 and json.loads(out)["step_time_us"] == (want if math.isfinite(want) else None)
 
 
 CLUSTER = """name = "c"
@@ -263,3 +267,138 @@ def test_rl_pretrain_budget_evals(tmp_path, capsys):
     assert code == 0, err
     info = json.loads(out)
     assert 40 <= info["samples"] < 40 + 9 and (tmp_path / "pol" / "weights.npz").is_file()
+
+
+# ----------------------------------------------------------------- found by a fault probe
+def test_output_that_is_an_input_is_refused(tmp_path, capsys):
+    g = tmp_path / "g.npz"
+    presets.load_graph("synthetic-40").save(g)
+    before = g.read_bytes()
+    user_error(["search", "-g", g, "-c", "k80x2", "-m", "single", "-o", g], capsys, "--out", "--graph", "destroy")
+    assert g.read_bytes() == before
+    p = tmp_path / "p.json"
+    assert main_code(["search", "-g", "synthetic-40", "-c", "k80x2", "-m", "single", "-o", p, "-q"]) == 0
+    before = p.read_bytes()
+    user_error(["simulate", "-g", "synthetic-40", "-c", "k80x2", "-p", p, "--trace", p], capsys, "--trace",
+               "--placement")
+    user_error(["show", "-g", "synthetic-40", "-c", "k80x2", "-p", p, "-o", p], capsys, "--placement")
+    assert p.read_bytes() == before
+
+
+def test_output_through_a_link_keeps_the_link(tmp_path, capsys):
+    target = tmp_path / "t.json"
+    target.write_text("old")
+    link = tmp_path / "l.json"
+    link.symlink_to(target)
+    assert main_code(["search", "-g", "synthetic-40", "-c", "k80x2", "-m", "single", "-o", link, "-q"]) == 0
+    assert link.is_symlink() and json.loads(target.read_text())["graph"] == "synthetic-40"
+
+
+def test_seeds_option_names_methods(capsys):
+    code, out, err = call(["search", "-g", "synthetic-40", "-c", "k80x2", "-m", "sa", "--budget-evals", "20",
+                           "--option", "seeds=single,m-etf", "--json"], capsys)
+    assert code == 0, err
+    assert sorted(json.loads(out)["metadata"]["seeds"]) == ["m-etf", "single"]  # best first
+    user_error(["search", "-g", "synthetic-40", "-c", "k80x2", "-m", "sa", "--budget-evals", "20",
+                "--option", "seeds=bogus"], capsys, "option 'seeds'", "bogus", "m-etf")
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda t: t.replace('kind = "cpu"', 'kind = "gpu"'), ["has no device", "that can run it"]),
+    (lambda t: t.replace("memory_bytes = 68719476736", "memory_bytes = 999999999999999999999999", 1),
+     ["memory_bytes"]),
+    (lambda t: t.replace('name = "cpu:0"', 'name = ""'), ["name must be non-empty"]),
+    (lambda t: t.replace("latency_us = 10.0", "latencyus = 10.0\nlatency_us = 10.0"), ["unknown field 'latencyus'",
+                                                                                      "links.default"]),
+    (lambda t: t + '[[links.pairs]]\nsrc = "cpu:0"\ndst = "gpu:0"\nbandwith_bytes_per_us = 1.0\n',
+     ["unknown field 'bandwith_bytes_per_us'", "links.pairs[0]"]),
+    (lambda t: t.replace("latency_us = 10.0", "latency_us = 1e308"), ["latency_us", "at most"]),
+    (lambda t: "colour = 3\n" + t, ["unknown field 'colour'"]),
+])
+def test_cluster_files_the_probe_broke(tmp_path, capsys, edit, words):
+    p = tmp_path / "c.toml"
+    p.write_text(edit(CLUSTER.format(mem="68719476736", extra="", bw="1.2e4")))
+    user_error(["simulate", "-g", "synthetic-40", "-c", p], capsys, *words)
+
+
+@pytest.mark.parametrize("name", ["synthetic-1", "synthetic-0", "synthetic-99999999999"])
+def test_synthetic_sizes_out_of_range(capsys, name):
+    user_error(["info", "-g", name], capsys, name, "2 to")
+
+
+def test_profile_fit_that_predicts_negative_times(tmp_path, capsys):
+    prof = {"format": "placetool.profile", "version": 1, "devices": [], "ops": {},
+            "fits": {"gpu": {"*": {"intercept_us": -1e6, "us_per_flop": 0.0, "us_per_byte": 0.0}}}}
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(prof))
+    user_error(["simulate", "-g", "synthetic-40", "-c", "k80x2", "--profile", p], capsys, "fits.gpu.*", ">= 0")
+
+
+def test_deeply_nested_input(tmp_path, capsys):
+    p = tmp_path / "d.json"
+    p.write_text("[" * 100000 + "]" * 100000)
+    user_error(["simulate", "-g", "synthetic-40", "-c", "k80x2", "-p", p], capsys, "d.json", "nested too deeply")
+
+
+def test_json_output_has_no_infinity(capsys):
+    # an op on a device without its kernel: infeasible, step time inf -> null
+    code, out, err = call(["simulate", "-g", "nmt", "-c", "k80x2", "-p", "single:gpu:0", "--json"], capsys)
+    assert code == 0, err
+    d = json.loads(out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert isinstance(d, dict)
+
+
+def test_tpe_storage_checked_before_the_seeds(capsys):
+    user_error(["search", "-g", "synthetic-40", "-c", "k80x2", "-m", "tpe", "--budget-evals", "5",
+                "--storage", "bogus://x"], capsys, "bogus://x")
+
+
+def test_placement_file_with_another_suffix(tmp_path, capsys):
+    p = tmp_path / "best.txt"
+    assert main_code(["search", "-g", "synthetic-40", "-c", "k80x2", "-m", "single", "-o", p, "-q"]) == 0
+    code, _, err = call(["simulate", "-g", "synthetic-40", "-c", "k80x2", "-p", p], capsys)
+    assert code == 0, err
+
+
+def test_output_below_a_file(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    user_error(["search", "-g", "synthetic-40", "-c", "k80x2", "-m", "single", "-o", tmp_path / "afile" / "x.json"],
+               capsys, "is a file, not a folder")
+
+
+def test_sweep_results_path_empty(tmp_path, capsys):
+    sw = tmp_path / "s.toml"
+    sw.write_text('[sweep]\ngraphs = ["synthetic-40"]\nclusters = ["k80x2"]\nmethods = ["single"]\nbudget_evals = 4\n')
+    user_error(["sweep", sw, "-r", ""], capsys, "--results")
+
+
+def test_report_on_a_row_edited_by_hand(tmp_path, capsys):
+    import sqlite3
+
+    _, db = _store(tmp_path)
+    capsys.readouterr()
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE runs SET step_time_us = 'abc' WHERE id = 1")
+    user_error(["report", db, "--out", tmp_path / "rep", "--no-gantt"], capsys, "step_time_us", "abc")
+    assert not (tmp_path / "rep").exists()
+
+
+def test_bare_command_prints_the_help(capsys):
+    code, out, err = call([], capsys)
+    assert code == 2 and "Usage: placetool" in err and "Commands:" in err
+
+
+@pytest.mark.slow
+def test_zoo_builder_refusing_a_value(tmp_path, capsys):
+    pytest.importorskip("tensorflow")
+    user_error(["export", "-g", "mlp", "-p", "round-robin", "-c", "k80x2", "-o", tmp_path / "e", "-q",
+                "--zoo-arg", "hidden=-5"], capsys, "mlp", "--zoo-arg hidden=-5")
+    assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.slow
+def test_model_that_exits(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("tensorflow")
+    (tmp_path / "exiter.py").write_text("import sys\n\ndef build():\n    sys.exit('bye')\n")
+    monkeypatch.chdir(tmp_path)
+    user_error(["import", "exiter:build", "-o", tmp_path / "m.npz"], capsys, "exiter:build", "SystemExit")

@@ -50,7 +50,7 @@ def test_one_link_carries_one_transfer_at_a_time():
     assert b.bound_us == pytest.approx(p.cost_model.simulate(b.assignment).step_time_us)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cost_models(min_ops=1, max_ops=7, max_devices=3, memories=(1 << 40,)))
 def test_the_bound_is_below_the_best_placement(cm):
     # groups, several outputs per op, control edges, send/receive costs: none of it lets a
@@ -69,10 +69,39 @@ def test_exact_reports_the_schedule_bound_and_proves_with_it():
     # the join on a slow link: the tree's bounds see 11 µs at the root, the schedule 21,
     # which the single-device placement reaches: optimal without a tree node
     p = join_problem(15.0)
-    r = run("exact", p, Budget(seconds=20), seed=0)
+    r = run("exact", p, Budget(seconds=5), seed=0)
     m = r.metadata
     assert m["status"] == "optimal" and r.step_time_us == pytest.approx(21.0)
     assert m["schedule_bound_us"] == pytest.approx(21.0) and m["bound_us"] == pytest.approx(21.0)
     assert m["nodes"] == 0
-    off = run("exact", p, Budget(seconds=20), seed=0, schedule_share=0).metadata
+    off = run("exact", p, Budget(seconds=5), seed=0, schedule_share=0).metadata
     assert off["schedule_bound_us"] is None and off["status"] == "optimal" and off["nodes"] > 0
+
+
+def test_a_failed_solver_leaves_exact_to_its_tree(monkeypatch):
+    # the solver's process cannot start: the bound is skipped, exact proves with its tree
+    import placetool.search.schedule_bound as sb
+
+    monkeypatch.setattr(sb.sys, "executable", "/nonexistent/python")
+    assert sb.schedule_bound(join_problem(15.0), seconds=5).status.startswith("failed")
+    r = run("exact", join_problem(15.0), Budget(seconds=5), seed=0)
+    assert r.metadata["schedule"].startswith("failed") and r.metadata["schedule_bound_us"] is None
+    assert r.metadata["status"] == "optimal" and r.step_time_us == pytest.approx(21.0)
+
+
+@pytest.mark.slow
+def test_the_bound_in_a_process_that_loaded_tensorflow():
+    # CP-SAT crashes a process that has loaded TensorFlow (protobuf and absl builds
+    # clash): the solver runs in its own process, so rl and exact can share one
+    import subprocess
+    import sys
+
+    pytest.importorskip("tensorflow")
+    code = ("import tensorflow\n"
+            "from tests.test_schedule_bound import join_problem\n"
+            "from placetool.search.schedule_bound import schedule_bound\n"
+            "print(schedule_bound(join_problem(15.0), seconds=10).bound_us)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.strip().splitlines()[-1]) == pytest.approx(21.0)

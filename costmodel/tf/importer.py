@@ -246,7 +246,7 @@ def _call_builder(source: str, cwd: str):
     import_tf()
     try:
         mod = importlib.import_module(mod_name)
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # a module that calls sys.exit() is a broken module too
         raise ModelImportError(f"{source}: cannot import module {mod_name!r} "
                            f"({type(e).__name__}: {_first_line(e)})") from None
     fn = getattr(mod, fn_name, None)
@@ -254,7 +254,7 @@ def _call_builder(source: str, cwd: str):
         raise ModelImportError(f"{source}: module {mod_name!r} has no function {fn_name!r}")
     try:
         model = fn()
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise ModelImportError(f"{source}: building the model failed "
                            f"({type(e).__name__}: {_first_line(e)})") from None
     if not isinstance(model, import_keras().Model):
