@@ -197,7 +197,7 @@ def test_presets_have_one_host_cpu_and_say_they_are_analytic(name):
     ({"devices": []}, "non-empty 'devices'"),
     ({"devices": [{"name": "a", "kind": "tpu", "memory_bytes": 1}]}, "device 'a': kind 'tpu'"),
     ({"devices": [{"name": "a", "kind": "cpu"}]}, "device 'a': missing field 'memory_bytes'"),
-    ({"devices": [{"name": "a", "kind": "cpu", "memory_bytes": -1}]}, "memory_bytes must be a positive"),
+    ({"devices": [{"name": "a", "kind": "cpu", "memory_bytes": -1}]}, "memory_bytes must be a whole number of bytes from 1"),
     ({"devices": [{"name": "a", "kind": "cpu", "memory_bytes": 1}]}, r"needs \[links.default\]"),
     ({"devices": [{"name": "a", "kind": "cpu", "memory_bytes": 1}],
       "links": {"default": {"latency_us": 1, "bandwidth_bytes_per_us": 0}}}, "bandwidth_bytes_per_us must be a positive"),
