@@ -86,6 +86,18 @@ def cost_models(min_ops=1, max_ops=24, min_devices=1, max_devices=4, max_param=5
     return draw_model()
 
 
+def brute_force(p) -> float:
+    """The fastest feasible step time of a Problem ``p``, over every assignment of its
+    groups to devices they may use (small problems only: devices ** groups of them)."""
+    import itertools
+
+    import numpy as np
+
+    A = np.array(list(itertools.product(*[np.flatnonzero(p.allowed[k]) for k in range(p.n_groups)])), np.int32)
+    r = p.cost_model.simulate_batch(A)
+    return float(np.where(r.feasible, r.step_time_us, np.inf).min())
+
+
 def assignments(cm):
     """Hypothesis strategy: a group assignment for ``cm``."""
     from hypothesis import strategies as st

@@ -3,7 +3,6 @@ save/load round trips, user mistakes are clear errors, and TF stays out of light
 
 from __future__ import annotations
 
-import itertools
 import json
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from placetool.costmodel import CostModel, presets
 from placetool.costmodel.errors import UserError
 from placetool.costmodel.graph import OpGraph
 from placetool.search import Budget, Problem, SearchError, run
+from tests.helpers import brute_force
 
 tf = pytest.importorskip("tensorflow")
 
@@ -42,12 +42,6 @@ def tiny_problem(cluster="k80x4"):
     allowed = [1] + [3] * 6 + [1]
     g = OpGraph.from_arrays("tiny", names, types, out, src, dst, flops=flops, allowed=allowed)
     return Problem(CostModel(g, presets.load_cluster(cluster)))
-
-
-def brute_force(p):
-    A = np.array(list(itertools.product(*[np.flatnonzero(p.allowed[k]) for k in range(p.n_groups)])), np.int32)
-    r = p.cost_model.simulate_batch(A)
-    return float(np.where(r.feasible, r.step_time_us, np.inf).min())
 
 
 @pytest.fixture(scope="module")

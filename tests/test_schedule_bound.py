@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from placetool.costmodel import CostModel, OpGraph
 from placetool.search import Budget, Problem, run
-from tests.helpers import cluster, cost_models, nxgraph
+from tests.helpers import brute_force, cluster, cost_models, nxgraph
 
 pytest.importorskip("ortools")
 
@@ -56,8 +54,7 @@ def test_the_bound_is_below_the_best_placement(cm):
     # groups, several outputs per op, control edges, send/receive costs: none of it lets a
     # simulated run beat the best schedule
     p = Problem(cm)
-    A = np.array(list(itertools.product(range(p.n_devices), repeat=p.n_groups)), np.int32)
-    best = cm.simulate_batch(A).step_time_us.min()
+    best = brute_force(p)
     b = schedule_bound(p, seconds=20, workers=1)
     assert b.status == "optimal"
     assert b.bound_us <= best * (1 + 1e-9) + 1e-9

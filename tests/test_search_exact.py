@@ -15,7 +15,7 @@ from placetool.costmodel import CostModel, OpGraph, presets
 from placetool.search import Budget, Problem, Tracker, run
 from placetool.search.exact import (bound_into, branching_order, descend, device_classes, fill_level, make_ops,
                                     make_work, one_machine_bound, partial_bound)
-from tests.helpers import cluster, cost_models, nxgraph
+from tests.helpers import brute_force, cluster, cost_models, nxgraph
 
 
 def random_problem(n: int, devices: int, seed: int, latency=5.0, bandwidth=20.0, hetero=False) -> Problem:
@@ -33,12 +33,6 @@ def random_problem(n: int, devices: int, seed: int, latency=5.0, bandwidth=20.0,
     T = base * (rng.uniform(0.5, 2.0, size=(n, devices)) if hetero else np.ones((1, devices)))
     cl = cluster(devices, latency=latency, bandwidth=bandwidth, kinds=["gpu"] * devices)
     return Problem(CostModel(OpGraph.from_networkx(g, f"rand{n}-{seed}"), cl, op_times=np.round(T)))
-
-
-def brute_force(p: Problem) -> float:
-    A = np.array(list(itertools.product(range(p.n_devices), repeat=p.n_groups)), np.int32)
-    r = p.cost_model.simulate_batch(A)
-    return float(r.step_time_us[r.feasible].min())
 
 
 @pytest.mark.parametrize("seed", range(4))
