@@ -276,8 +276,8 @@ def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
 @register("sa")
 def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = "auto", batch: Count = 8,
            guided: Share = 0.7, swap: Share = 0.1, accept_start: Share = 0.05, accept_end: Share = 0.001,
-           window: Count = 50, patience: Count | None = None, seeds: Seeds | None = None, checkpoints: Count | None = None,
-           threads: Count | None = None, kinds=None, adapt: bool = True):
+           window: Count = 50, patience: Count | None = None, seeds: Seeds | None = None,
+           checkpoints: Count | None = None, threads: Count | None = None, kinds=None, adapt: bool = True):
     """Simulated annealing with moves aimed at the simulated critical path (see the
     module docstring); returns metadata."""
     if mode not in MODES:

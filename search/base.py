@@ -412,7 +412,6 @@ def seed_names(seeds) -> tuple[str, ...]:
     return tuple(names)
 
 
-
 #: Annotations of method options that :func:`check_options` reads beyond ``bool``,
 #: ``int``, ``float``, ``str`` and ``None``: a count (an int >= 1), a size (an int >= 0),
 #: a share (a number in [0, 1]), a positive number, a number >= 0 and seeding methods

@@ -638,6 +638,10 @@ def descend(problem, tracker, assignment, step_us: float, batch: int = 256) -> f
         a, step_us = best, best_step
 
 
+#: the least time worth giving the schedule bound: its solver's process takes ~0.6 s to start
+MIN_SCHEDULE_SECONDS = 1.0
+
+
 def _schedule_bound(problem, budget, seed, tracker, share: float, leaf_batch: int, meta: dict) -> float:
     """The schedule bound (:mod:`placetool.search.schedule_bound`) within ``share`` of a
     seconds budget, its best schedule's placement scored (and descended from when it
@@ -657,6 +661,9 @@ def _schedule_bound(problem, budget, seed, tracker, share: float, leaf_batch: in
     if "schedule" in meta:
         return 0.0
     seconds = min(budget.seconds * share, budget.seconds - tracker.seconds)
+    if seconds < MIN_SCHEDULE_SECONDS:
+        meta["schedule"] = f"skipped: {max(seconds, 0):.2f} s of the budget left"
+        return 0.0
     b = sb.schedule_bound(problem, seconds, seed=seed)
     meta.update(schedule=b.status, schedule_seconds=b.seconds)
     if b.status.startswith("failed"):
@@ -671,8 +678,9 @@ def _schedule_bound(problem, budget, seed, tracker, share: float, leaf_batch: in
 
 
 @register("exact", budget=Budget(seconds=60.0))
-def exact(problem, budget, seed, tracker, leaf_batch: Count = 256, seeds: Seeds | None = None, incumbent_share: Share = 0.2,
-          schedule_share: Share = 0.3, chunk: Count = 4096, probe_depth: Size | None = None):
+def exact(problem, budget, seed, tracker, leaf_batch: Count = 256, seeds: Seeds | None = None,
+          incumbent_share: Share = 0.2, schedule_share: Share = 0.3, chunk: Count = 4096,
+          probe_depth: Size | None = None):
     """Branch and bound over group assignments: optimal, or the best with a proven gap.
     ``schedule_share``: at most this share of a seconds budget goes to the schedule
     bound (CP-SAT, see :mod:`placetool.search.schedule_bound`; 0: off). ``probe_depth``:
