@@ -116,6 +116,8 @@ BAD = [
     (GRID + "\n[options.single]\nbatch = 3\n", "method 'single' takes no option 'batch' (its options: none)"),
     (GRID + "\n[options.random]\nseed = 3\n", "method 'random' takes no option 'seed'"),
     (GRID + "\n[options.random]\nbatch = 0\n", "[options.random] method 'random': option 'batch' must be an integer >= 1, got 0"),
+    (GRID.replace('"random"]', '"random", "sa"]') + '\n[options.sa]\nseeds = "bogus"\n',
+     "[options.sa] method 'sa': option 'seeds' must be seeding methods"),
 ]
 
 
