@@ -36,8 +36,9 @@ optimum by itself, but it leaves gaps of a few percent where the tree's open nod
 leave tens of percent. The tree is walked by compiled
 code (:func:`branch`) that hands back batches of leaves for the simulator.
 
-The search starts from the best placement of a short ``sa`` run (``incumbent_share`` of
-a time budget; the seeding methods alone under an evaluation budget), and every leaf
+The search starts from the best placement of a short ``sa`` run (0.1 s per group, at
+least 1 s and at most ``incumbent_share`` of a time budget; the seeding methods alone
+under an evaluation budget), and every leaf
 that beats the incumbent is taken down to its local optimum over single-group moves
 (:func:`descend`) before the walk goes on: the tree finds new basins, the descent their
 floors, and each µs off the incumbent prunes more of the tree. When the budget ends first the
@@ -638,6 +639,8 @@ def descend(problem, tracker, assignment, step_us: float, batch: int = 256) -> f
         a, step_us = best, best_step
 
 
+#: seconds of ``sa`` incumbent per group (at least 1 s, at most ``incumbent_share`` of the budget)
+INCUMBENT_SECONDS_PER_GROUP = 0.1
 #: the least time worth giving the schedule bound: its solver's process takes ~0.6 s to start
 MIN_SCHEDULE_SECONDS = 1.0
 
@@ -694,7 +697,10 @@ def exact(problem, budget, seed, tracker, leaf_batch: Count = 256, seeds: Seeds 
     # a good first incumbent prunes most of the tree: the seeding methods, then (under a
     # time budget) a short annealing run from the best of them
     if budget.seconds and incumbent_share > 0:
-        with tracker.sub_budget(budget.seconds * incumbent_share):
+        # on small problems a few seconds of annealing find what a minute does, and the
+        # tree proves them in less: the sa share grows with the groups
+        share = min(budget.seconds * incumbent_share, max(1.0, INCUMBENT_SECONDS_PER_GROUP * G))
+        with tracker.sub_budget(share):
             try:
                 get("sa")(problem, budget, seed, tracker, seeds=seeds)
             except BudgetExhausted:
