@@ -402,3 +402,20 @@ def test_model_that_exits(tmp_path, capsys, monkeypatch):
     (tmp_path / "exiter.py").write_text("import sys\n\ndef build():\n    sys.exit('bye')\n")
     monkeypatch.chdir(tmp_path)
     user_error(["import", "exiter:build", "-o", tmp_path / "m.npz"], capsys, "exiter:build", "SystemExit")
+
+
+def test_output_into_a_pipe_stays_a_pipe(tmp_path, capsys):
+    # a device or pipe cannot be replaced by a file: it is written into (a full /dev/full
+    # then reports its error instead of turning into a plain file)
+    import os
+    import stat
+    import threading
+
+    fifo = tmp_path / "out.json"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    assert main_code(["search", "-g", "synthetic-40", "-c", "k80x2", "-m", "single", "-o", fifo, "-q"]) == 0
+    reader.join(30)
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and json.loads(got[0])["graph"] == "synthetic-40"
