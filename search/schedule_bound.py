@@ -17,9 +17,9 @@ every simulated run is one of the schedules the model allows and its optimum bou
 simulator's best placement from below. Times are floored to 1/100 µs, which keeps it a
 bound. The model grows as ops x devices + tensors x devices^2 intervals: meant for
 problems of up to a few hundred groups, such as the ones ``exact`` proves. On random
-40-group DAGs on 3 devices CP-SAT solves it in 3-20 s, 3-10% under the best placement
-known (``benchmarks/exact.py``), where the bounds of the branch-and-bound tree leave
-14-49%.
+40-group DAGs on 3 devices CP-SAT solves it in 3-8 s, 3.4-6.0% under the best placement
+``exact`` finds in a minute (``benchmarks/exact.py``), where the bounds of the
+branch-and-bound tree leave 14-49%.
 
 >>> import numpy as np
 >>> from placetool.costmodel import CostModel, presets
@@ -49,8 +49,9 @@ class ScheduleBound(NamedTuple):
     """What CP-SAT proved: ``bound_us`` (a lower bound on every placement's simulated
     step time), ``status`` (``optimal``: the model was solved, ``bound``: the time ran
     out first, ``infeasible``: no placement runs at all, ``failed: WHY``: the solver's
-    process failed, bound 0), the placement of its best schedule (``assignment``, None if none was
-    found) and that schedule's length (``schedule_us``), and the seconds it took."""
+    process failed, bound 0), the placement of its best schedule (``assignment``, None if
+    none was found), that schedule's length (``schedule_us``) and the solver's seconds
+    (without the ~0.6 s its process takes to start)."""
 
     bound_us: float
     status: str
