@@ -83,7 +83,7 @@ class Device:
 DEVICE_KEYS = frozenset(f.name for f in fields(Device))
 TOP_KEYS = frozenset({"name", "devices", "links", "metadata"})
 LINK_KEYS = frozenset({"latency_us", "bandwidth_bytes_per_us"})
-#: limits on a cluster file's figures: memory sums stay in int64, transfer times finite
+#: limits on a cluster file's figures: memory sums stay in int64, op and transfer times finite
 MAX_MEMORY = 1 << 60
 MAX_LATENCY_US = 1e12
 MIN_BANDWIDTH = 1e-6
@@ -169,6 +169,11 @@ class Cluster:
             for key in spec:
                 if key in e:
                     spec[key] = _positive(e[key], f"{where}: {key}", allow_zero=key == "launch_overhead_us")
+                    # a rate near 0 or an overhead of ages makes op times overflow to inf
+                    if key == "launch_overhead_us" and spec[key] > MAX_LATENCY_US:
+                        raise ClusterError(f"{where}: {key} must be at most {MAX_LATENCY_US:g} µs, got {e[key]!r}")
+                    if key != "launch_overhead_us" and spec[key] < MIN_BANDWIDTH:
+                        raise ClusterError(f"{where}: {key} must be at least {MIN_BANDWIDTH:g} per µs, got {e[key]!r}")
             costs = {key: _cost(e[key], f"{where}: {key}") for key in TRANSFER_COST_KEYS if key in e}
             mem = e["memory_bytes"]
             if not isinstance(mem, int) or isinstance(mem, bool) or not 0 < mem <= MAX_MEMORY:

@@ -147,7 +147,8 @@ class Placement:
         tf_devices = _str_table(d, "tf_devices", source, required=False)
         extra_ops = set(tf_devices) - set(devices)
         if extra_ops:
-            raise PlacementError(f"{source}: tf_devices: op {sorted(extra_ops)[0]!r} is not in 'devices'")
+            raise PlacementError(f"{source}: devices: no device for op {sorted(extra_ops)[0]!r} (tf_devices names "
+                                 f"it; every op needs an entry in 'devices')")
         st = d.get("step_time_us")
         if st is not None and (isinstance(st, bool) or not isinstance(st, (int, float)) or math.isnan(st)):
             raise PlacementError(f"{source}: step_time_us: expected a number or null, got {st!r}")

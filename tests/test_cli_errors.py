@@ -314,6 +314,8 @@ def test_seeds_option_names_methods(capsys):
      ["unknown field 'bandwith_bytes_per_us'", "links.pairs[0]"]),
     (lambda t: t.replace("latency_us = 10.0", "latency_us = 1e308"), ["latency_us", "at most"]),
     (lambda t: "colour = 3\n" + t, ["unknown field 'colour'"]),
+    (lambda t: t.replace('kind = "cpu"', 'kind = "cpu"\npeak_flops_per_us = 1e-300', 1), ["peak_flops_per_us",
+                                                                                            "at least"]),
 ])
 def test_cluster_files_the_probe_broke(tmp_path, capsys, edit, words):
     p = tmp_path / "c.toml"

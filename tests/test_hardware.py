@@ -245,6 +245,9 @@ def test_cluster_spec_file_and_unreachable_worker_fails_fast(tmp_path):
     f.write_text("[1, 2]")
     with pytest.raises(TestbedError, match="spec.json"):
         ClusterSpec.load(f)
+    f.write_text('{"worker": 5}')
+    with pytest.raises(TestbedError, match=r"job 'worker' must list its tasks.*got 5"):
+        ClusterSpec.load(f)
 
 
 # ---------------------------------------------------------------- real workers

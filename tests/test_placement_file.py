@@ -73,7 +73,7 @@ def _doc(cm, **change):
     ({"devices": ["cpu:0"]}, "devices: expected a table of op name -> device, got list"),
     ({"step_time_us": "fast"}, "step_time_us: expected a number or null"),
     ({"graph": 3}, "graph: expected a string"),
-    ({"tf_devices": {"nope": "/device:CPU:0"}}, "tf_devices: op 'nope' is not in 'devices'"),
+    ({"tf_devices": {"nope": "/device:CPU:0"}}, "devices: no device for op 'nope' (tf_devices names it"),
 ])
 def test_malformed_files_are_one_line_errors(tmp_path, cm, change, msg):
     f = tmp_path / "p.json"

@@ -129,6 +129,10 @@ class ClusterSpec:
             devs = d.get("devices")
         else:
             jobs = [k for k, v in d.items() if isinstance(v, list)]
+            if len(d) == 1 and not jobs:
+                (job, tasks), = d.items()
+                raise TestbedError(f"{path}: job {job!r} must list its tasks, e.g. [\"host:port\", ...]; "
+                                   f"got {tasks!r}")
             if len(jobs) != 1:
                 raise TestbedError(f"{path}: expected exactly one job (e.g. {{\"worker\": [\"host:port\", ...]}})")
             job, workers, devs = jobs[0], d[jobs[0]], None
