@@ -242,8 +242,8 @@ def _print_human(g, cl, obj, baselines, out) -> None:
         if meta["status"] == "optimal":
             proof = "optimal (no placement is faster)"
         else:
-            g = meta.get("gap")
-            gap = "" if g is None else f" (gap {g:.1%})" if g >= 0.001 else f" (gap {g:.3%})"
+            frac = meta.get("gap")
+            gap = "" if frac is None else f" (gap {frac:.1%})" if frac >= 0.001 else f" (gap {frac:.3%})"
             proof = f"not finished: no placement is below {fmt_us(meta['bound_us'])}{gap}"
             groups = sum(obj["groups_per_device"].values())
             if groups > EXACT_GROUPS:

@@ -159,9 +159,7 @@ class Cluster:
             for key in ("name", "kind", "memory_bytes"):
                 if key not in e:
                     raise ClusterError(f"{where}: missing field {key!r}")
-            unknown = sorted(set(e) - DEVICE_KEYS)
-            if unknown:  # a misspelt field would silently fall back to a default
-                raise ClusterError(f"{where}: unknown field {unknown[0]!r} (fields: {', '.join(sorted(DEVICE_KEYS))})")
+            _known(e, DEVICE_KEYS, where)
             kind = e["kind"]
             if kind not in KINDS:
                 raise ClusterError(f"{where}: kind {kind!r} is not one of {KINDS}")

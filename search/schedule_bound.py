@@ -92,8 +92,7 @@ def schedule_bound(problem, seconds: float, seed: int = 0, workers: int | None =
     lat, bw = cl.latency_us, cl.bandwidth_bytes_per_us
     # a device where some op of the group has no kernel is no choice for the group
     ok = problem.allowed.copy()
-    for o in range(n):
-        ok[g.group[o]] &= np.isfinite(T[o])
+    np.logical_and.at(ok, g.group, np.isfinite(T))
     comm = np.zeros((len(g.tensor_op), D, D), np.int64)
     for a in range(D):
         for b in range(D):

@@ -66,16 +66,13 @@ def study_name(problem, n_chunks: int, seed: int, anchor=None) -> str:
 def _storage(url):
     """An Optuna storage: None (memory), ``journal:///path.log`` (a journal file, cheap
     to append and safe to share between processes on one file system), or any RDB URL
-    (``sqlite:///study.db``, ``postgresql://...``)."""
+    (``sqlite:///study.db``, ``postgresql://...``), once :func:`check_storage` passed it."""
     if url is None or not url.startswith("journal://"):
         return url
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    path = url[len("journal://"):]
-    if not path:
-        raise SearchError(f"tpe: journal storage {url!r} names no file (journal:///path/to/study.log)")
-    return JournalStorage(JournalFileBackend(path))
+    return JournalStorage(JournalFileBackend(url[len("journal://"):]))
 
 
 def check_storage(url) -> None:
