@@ -132,13 +132,9 @@ def load_problem(graph: str, cluster: str, profile: str | None = None):
 
         prof = load_profile(profile)
     cm = CostModel(g, c, profile=prof)
-    import numpy as np
-
-    stranded = np.flatnonzero(~cm.group_device_ok.any(axis=1))
-    if stranded.size:  # e.g. ops that only a CPU runs, on a cluster without one
-        op = g.group_ops[int(stranded[0])][0]
-        raise UserError(f"group of op {g.names[op]!r} ({g.op_types[op]}) has no device in cluster {c.name!r} "
-                        f"that can run it")
+    reason = cm.stranded()  # no placement runs: say so before any command tries one
+    if reason is not None:
+        raise UserError(reason)
     return g, c, cm
 
 

@@ -199,6 +199,17 @@ class CostModel:
         ok = self.group_device_ok
         return self.graph.to_placement(np.where(ok[:, d], d, np.argmax(ok, axis=1)).astype(np.int32))
 
+    def stranded(self) -> str | None:
+        """Why no placement can run at all (a group no device of the cluster can run, e.g.
+        ops only a CPU runs on a cluster without one), or None."""
+        none = np.flatnonzero(~self.group_device_ok.any(axis=1))
+        if not none.size:
+            return None
+        g = self.graph
+        op = g.group_ops[int(none[0])][0]
+        return f"group of op {g.names[op]!r} ({g.op_types[op]}) has no device in cluster {self.cluster.name!r} " \
+               f"that can run it"
+
     def violation(self, p: np.ndarray) -> str | None:
         """Why a per-op placement is invalid (split group, op without kernel), or None."""
         g = self.graph

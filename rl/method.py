@@ -166,8 +166,7 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
         # a one-shot method does, with the policy's mode
         from placetool.search.partition import score
 
-        mode = (task.frozen.greedy(),) if task.frozen else pol.greedy(task.obs)
-        score(tracker, pol.assignment(atoms, mode))
+        score(tracker, _mode(pol, task))
         source = "policy's mode, scored after the budget (start-up took all of it)"
     elif zero_shot:
         source = "policy's mode (zero-shot)" + (f", {fitted} groups moved to fit in memory" if fitted else "")
@@ -194,15 +193,19 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
             "samples_per_second": summary["samples"] / max(summary["seconds"], 1e-9)}
 
 
+def _mode(pol, task) -> np.ndarray:
+    """The policy's mode on the task as a (1 x groups) assignment."""
+    mode = (task.frozen.greedy(),) if task.frozen else pol.greedy(task.obs)
+    return pol.assignment(task.atoms, mode)
+
+
 def _place_zero_shot(trainer, task, tracker) -> tuple[dict, int]:
     """Score the policy's mode, fitted into device memory if it does not fit (as far as
     the budget goes); returns the run's summary and how many groups the fitting moved."""
     from placetool.search.memory import fit_memory
 
     t0 = time.perf_counter()
-    pol = trainer.policy
-    mode = (task.frozen.greedy(),) if task.frozen else pol.greedy(task.obs)
-    a = np.asarray(pol.assignment(task.atoms, mode)[0], np.int32)
+    a = np.asarray(_mode(trainer.policy, task)[0], np.int32)
     before = tracker.evaluations
     placed, _ = fit_memory(task.problem, a, tracker)
     if before == 0 and tracker.history:  # nothing was scored before: the first best is the mode

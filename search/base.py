@@ -57,10 +57,9 @@ class Problem:
 
     def _check_fits(self) -> None:
         cap = self.cost_model.capacity
-        if not np.all(self.allowed.any(axis=1)):
-            k = int(np.flatnonzero(~self.allowed.any(axis=1))[0])
-            op = self.graph.names[self.graph.group_ops[k][0]]
-            raise SearchError(f"group of op {op!r} has no device in cluster {self.cluster.name!r} that can run it")
+        reason = self.cost_model.stranded()
+        if reason is not None:
+            raise SearchError(reason)
         best_cap = np.where(self.allowed, cap[None, :], 0).max(axis=1)
         too_big = np.flatnonzero(self.group_param_bytes > best_cap)
         if too_big.size:
