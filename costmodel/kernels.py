@@ -20,8 +20,16 @@ convergence bookkeeping away.
 Memory is tracked as *live* bytes (outputs and received copies) per device; parameter
 bytes are constant over a run, so peak = parameters + peak live, added by the caller.
 ``copy_of[t * D + d]`` (the transfer bringing tensor t to device d) is never cleared:
-an entry counts only if it points below ``n_x`` at a transfer of that tensor to that
-device.
+it is read only for transfers made in this run (an op's inputs, a restored base run's
+transfers). Whether tensor t already goes to device d is asked only while t's producer
+ends, when all of t's transfers are made: ``sent[d]`` (the last transfer made to d)
+answers it if it lies among the transfers made for t, so the loop never reads a stale
+entry of the large table (that read missed the cache on most remote consumers).
+
+The loop's footprint is kept small because it decides its speed once a graph outgrows
+the core's cache: index arrays of the workspace are int32, each op's time on its device
+is gathered once per placement (``tp``, 8 bytes an op instead of a row of ``T``), and a
+plain run writes no trace (``TRACE``) and no instant times (read only by checkpoints).
 
 Every array index inside the loop is cast to unsigned (``U64(...)``, free at run time):
 numba then skips its negative-index wraparound, a sign test and a reload of the array's
@@ -222,17 +230,19 @@ class Work(NamedTuple):
     ev_t: np.ndarray  # event heap: time, kind * key_span + (rank or transfer), op or transfer
     ev_k: np.ndarray
     ev_id: np.ndarray
-    op_start: np.ndarray  # float64 [n] (full runs only)
-    op_end: np.ndarray  # float64 [n]
-    x_start: np.ndarray  # float64 link start and end (full runs only)
+    op_start: np.ndarray  # float64 [n] (traced runs only)
+    op_end: np.ndarray  # float64 [n] (traced and incremental runs)
+    x_start: np.ndarray  # float64 link start and end (traced runs only)
     x_end: np.ndarray
-    x_task: np.ndarray  # float64 [n_data, 4] send start, end, receive start, end (set NaN by the caller)
+    x_task: np.ndarray  # float64 [n_data, 4] send start, end, receive start, end (traced; NaN set by the caller)
     moved: np.ndarray  # bool [n] ops a move changed (incremental only)
     mark: np.ndarray  # [n] scratch
     sc: np.ndarray  # int64 [4]: n_ev, n_x, n_checkpoints, epoch
     sf: np.ndarray  # float64 [2]: makespan, now (the last instant handled)
     dev_pending: np.ndarray  # bool [D] device in ``dpend`` (may start a task at the next dispatch)
     dpend: np.ndarray  # [D]
+    tp: np.ndarray  # float64 [n] each op's time on its device (gathered by set_bases)
+    sent: np.ndarray  # [D] the last transfer made to each device (see the module docstring)
 
 
 @njit(cache=True)
@@ -242,7 +252,7 @@ def make_work(n, nt, n_data, D):
     m = max(n_data, 1)
     L = D * D
     cap = n + 3 * n_data + 1
-    ip = np.intp
+    ip = np.int32  # half the memory traffic of intp (see the module docstring)
     return Work(
         np.zeros(D, np.int64), np.zeros(D, np.int64), np.zeros(D, np.int64), np.zeros(D), np.zeros(D, np.bool_),
         np.zeros(n1, np.int64), np.zeros(D, ip), np.zeros(D, ip),
@@ -254,7 +264,7 @@ def make_work(n, nt, n_data, D):
         np.zeros(cap), np.zeros(cap, np.int64), np.zeros(cap, ip),
         np.zeros(n1), np.zeros(n1), np.zeros(m), np.zeros(m), np.zeros((m, 4)),
         np.zeros(n1, np.bool_), np.zeros(n1, ip), np.zeros(4, np.int64), np.zeros(2),
-        np.zeros(D, np.bool_), np.zeros(D, ip),
+        np.zeros(D, np.bool_), np.zeros(D, ip), np.zeros(n1), np.zeros(D, ip),
     )
 
 
@@ -325,13 +335,16 @@ def make_base(nt, n_data, D):
 # ------------------------------------------------------------------ set-up
 @njit(cache=True)
 def set_bases(net, w, placement):
-    """Slice the ready-op and task heap buffers by device for ``placement``."""
+    """Slice the ready-op and task heap buffers by device for ``placement``, and
+    gather each op's time on its device into ``w.tp``."""
     net_in_ptr = net.in_ptr
     net_op_tensor_ptr = net.op_tensor_ptr
     net_tensor_ptr = net.tensor_ptr
+    net_T = net.T
     w_live = w.live
     w_rq_base = w.rq_base
     w_rq_size = w.rq_size
+    w_tp = w.tp
     w_tq_base = w.tq_base
     w_tq_size = w.tq_size
     D = w_live.shape[0]
@@ -340,7 +353,9 @@ def set_bases(net, w, placement):
         w_rq_size[d] = 0  # used as a counter here
         w_tq_size[d] = 0
     for op in range(n):
-        w_rq_size[U64(placement[op])] += 1
+        d = U64(placement[op])
+        w_rq_size[d] += 1
+        w_tp[op] = net_T[op, d]
     acc = 0
     for d in range(D):
         w_rq_base[d] = acc
@@ -414,15 +429,17 @@ def init_fresh(net, w, placement):
 
 # ---------------------------------------------------------------- the loop
 @njit(cache=True, inline="always")
-def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, check, INCR):
+def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, check, INCR, TRACE):
     """Run from the state in ``w`` to the end of the step.
+
+    With ``TRACE`` (a literal) it records every op's and transfer's start and end.
 
     With ``INCR`` (a literal): ``record`` saves a checkpoint every ``every`` events into
     the slots after ``start_ck``; ``check`` compares the state with the base run's
     checkpoints after ``start_ck`` (up to ``n_ck``) and stops at the first that matches.
     Returns the matched checkpoint or -1; the makespan is left in ``w.sf[0]``.
     """
-    T, rank, topo_order, out_bytes = net.T, net.rank, net.topo_order, net.out_bytes
+    rank, topo_order, out_bytes = net.rank, net.topo_order, net.out_bytes
     tensor_op, tensor_bytes, op_tensor_ptr = net.tensor_op, net.tensor_bytes, net.op_tensor_ptr
     tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst = net.tensor_ptr, net.tensor_cons, net.ctrl_ptr, net.ctrl_dst
     in_ptr, in_tensor, latency, bandwidth, xcost = net.in_ptr, net.in_tensor, net.latency, net.bandwidth, net.xcost
@@ -436,7 +453,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     link_pending, pending = w.link_pending, w.pending
     ev_t, ev_k, ev_id = w.ev_t, w.ev_k, w.ev_id
     op_start, op_end, x_start, x_end, x_task, moved = w.op_start, w.op_end, w.x_start, w.x_end, w.x_task, w.moved
-    dev_pending, dpend = w.dev_pending, w.dpend
+    dev_pending, dpend, tp, sent = w.dev_pending, w.dpend, w.tp, w.sent
 
     D = live.shape[0]
     n = placement.shape[0]
@@ -499,7 +516,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 dur = xcost[U64(2 * recv), U64(d)] + b * xcost[U64(2 * recv + 1), U64(d)]
                 running[U64(d)] = True
                 busy[U64(d)] += dur
-                if not INCR:
+                if TRACE:
                     x_task[U64(x), U64(2 * recv)] = now
                     x_task[U64(x), U64(2 * recv + 1)] = now + dur
                 n_ev = heap_push(ev_t, ev_k, ev_id, n_ev, now + dur, (SEND_DONE + 2 * recv) * key_span + x, x)
@@ -507,11 +524,12 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 op = topo_order[U64(keyheap_pop(rq, rq_base[U64(d)], rq_size[U64(d)]) & LOW)]
                 rq_size[U64(d)] -= 1
                 running[U64(d)] = True
-                end = now + T[U64(op), U64(d)]
-                if not INCR:
+                end = now + tp[U64(op)]
+                if TRACE:
                     op_start[U64(op)] = now
-                op_end[U64(op)] = end
-                busy[U64(d)] += T[U64(op), U64(d)]
+                if INCR or TRACE:
+                    op_end[U64(op)] = end
+                busy[U64(d)] += tp[U64(op)]
                 live[U64(d)] += out_bytes[U64(op)]
                 if live[U64(d)] > livepeak[U64(d)]:
                     livepeak[U64(d)] = live[U64(d)]
@@ -531,7 +549,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 dd = x_dst[U64(x)]
                 b = tensor_bytes[U64(x_tensor[U64(x)])]
                 t_end = now + (latency[U64(s), U64(dd)] + b / bandwidth[U64(s), U64(dd)])
-                if not INCR:
+                if TRACE:
                     x_start[U64(x)] = now
                     x_end[U64(x)] = t_end
                 live[U64(dd)] += b
@@ -562,7 +580,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
         # ---- handle every event of the next instant
         if ev_t[0] > now:
             epoch += 1
-            epoch_time[U64(epoch)] = ev_t[0]
+            if INCR:  # only checkpoints read instants back
+                epoch_time[U64(epoch)] = ev_t[0]
         now = ev_t[0]
         while n_ev > 0 and ev_t[0] == now:
             kind_key = ev_k[0]
@@ -624,6 +643,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                             live[U64(d)] -= tensor_bytes[U64(t)]
                 refs = 0
                 for t in range(op_tensor_ptr[U64(op)], op_tensor_ptr[U64(op + 1)]):
+                    x_first = n_x
                     for e in range(tensor_ptr[U64(t)], tensor_ptr[U64(t + 1)]):
                         c = tensor_cons[U64(e)]
                         dc = placement[U64(c)]
@@ -635,12 +655,13 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                                 keyheap_push(rq, rq_base[U64(dc)], rq_size[U64(dc)], (epoch << 32) | rank[U64(c)])
                                 rq_size[U64(dc)] += 1
                             continue
-                        x = copy_of[U64(t * D + dc)]
-                        if x >= 0 and x < n_x and x_tensor[U64(x)] == t and x_dst[U64(x)] == dc:
+                        x = sent[U64(dc)]
+                        if x >= x_first and x < n_x and x_dst[U64(x)] == dc:
                             x_refs[U64(x)] += 1  # already on its way there
                             continue
                         x = n_x
                         n_x += 1
+                        sent[U64(dc)] = x
                         copy_of[U64(t * D + dc)] = x
                         x_tensor[U64(x)] = t
                         x_src[U64(x)] = d
@@ -771,20 +792,31 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
 
 
 # ---------------------------------------------------------- entry points
+@njit(cache=True, inline="always")
+def _full(net, w, placement, TRACE):
+    init_fresh(net, w, placement)
+    for op in range(placement.shape[0]):
+        if not np.isfinite(w.tp[op]):
+            return np.inf, 0
+    _run(net, w, make_checkpoints(0, 0, 0, 0, 0), make_base(0, 0, 0), placement, np.zeros(0, np.intp), -1, 0,
+         False, 1, False, False, TRACE)
+    return w.sf[0], w.sc[1]
+
+
 @njit(cache=True, error_model="numpy")
 def simulate_full(net, w, placement):
     """Simulate one placement from scratch; returns (makespan, n_transfers), or
-    (inf, 0) if some op has no kernel on its device. Busy time, live peak and the
-    trace are left in ``w``; ``w.x_task`` holds the send and receive tasks that ran,
-    over whatever it held before (fill it with NaN first to trace)."""
-    n = placement.shape[0]
-    for op in range(n):
-        if not np.isfinite(net.T[op, U64(placement[op])]):
-            return np.inf, 0
-    init_fresh(net, w, placement)
-    _run(net, w, make_checkpoints(0, 0, 0, 0, 0), make_base(0, 0, 0), placement, np.zeros(0, np.intp), -1, 0,
-         False, 1, False, False)
-    return w.sf[0], w.sc[1]
+    (inf, 0) if some op has no kernel on its device. Busy time and live peak are left
+    in ``w``."""
+    return _full(net, w, placement, False)
+
+
+@njit(cache=True, error_model="numpy")
+def simulate_traced(net, w, placement):
+    """:func:`simulate_full` that also leaves the trace in ``w``: op and link start
+    and end, and in ``w.x_task`` the send and receive tasks that ran, over whatever it
+    held before (fill it with NaN first)."""
+    return _full(net, w, placement, True)
 
 
 @njit(cache=True)
@@ -831,7 +863,7 @@ def simulate_batch(net, placements, params, step, busy, peak, chunks):
 def run_incremental(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, check):
     """Run on from the state in ``w`` (a fresh start or a restored checkpoint); see
     :func:`_run`. Returns the matched checkpoint or -1."""
-    return _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, check, True)
+    return _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, check, True, False)
 
 
 # ------------------------------------------------------------ checkpoints

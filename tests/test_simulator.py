@@ -288,6 +288,28 @@ def test_compiled_equals_reference_on_a_synthetic_graph(name):
         assert np.array_equal(r.peak_memory_bytes, ref.peak_memory_bytes)
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.lists(st.integers(0, 2**32 - 1), min_size=2, max_size=6))
+def test_a_reused_workspace_gives_the_reference_run_after_run(args, seeds):
+    """One workspace serves every call of a cost model: what an earlier run left in it
+    (its transfers, their copy table, the last transfer per device) never leaks into
+    the next, traced or not."""
+    cm, p = args
+    from placetool.search import Problem
+
+    pr = Problem(cm)
+    placements = [p] + [cm.graph.to_placement(pr.random_assignment(np.random.default_rng(s))) for s in seeds]
+    for i, q in enumerate(placements):
+        r = cm.simulate(q, trace=i % 2 == 1)
+        ref = reference.simulate(cm.graph, cm.T, q, cm.cluster)
+        assert r.step_time_us == ref.step_time_us
+        assert np.array_equal(r.busy_us, ref.busy_us)
+        assert np.array_equal(r.peak_memory_bytes, ref.peak_memory_bytes)
+        if r.trace is not None:
+            assert list(zip(r.trace.x_tensor, r.trace.x_src, r.trace.x_dst, r.trace.x_start, r.trace.x_end)) \
+                == ref.transfers
+
+
 def test_batch_matches_single_and_handles_group_assignments():
     g = presets.load_graph("synthetic-1k")
     cm = CostModel(g, presets.load_cluster("k80x2"))
