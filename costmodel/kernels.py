@@ -29,7 +29,7 @@ entry of the large table (that read missed the cache on most remote consumers).
 The loop's footprint is kept small because it decides its speed once a graph outgrows
 the core's cache: index arrays of the workspace are int32, each op's time on its device
 is gathered once per placement (``tp``, 8 bytes an op instead of a row of ``T``), and a
-plain run writes no trace (``TRACE``) and no instant times (read only by checkpoints).
+plain run writes no trace (``trace``) and no instant times (read only by checkpoints).
 
 Every array index inside the loop is cast to unsigned (``U64(...)``, free at run time):
 numba then skips its negative-index wraparound, a sign test and a reload of the array's
@@ -456,10 +456,11 @@ def init_fresh(net, w, placement):
 
 # ---------------------------------------------------------------- the loop
 @njit(cache=True, inline="always")
-def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, check, INCR, TRACE):
+def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, check, INCR, trace):
     """Run from the state in ``w`` to the end of the step.
 
-    With ``TRACE`` (a literal) it records every op's and transfer's start and end.
+    With ``trace`` it records every op's and transfer's start and end (a flag tested at
+    run time: one compiled loop serves both, and the test costs nothing measurable).
 
     With ``INCR`` (a literal): ``record`` saves a checkpoint every ``every`` events into
     the slots after ``start_ck``; ``check`` compares the state with the base run's
@@ -544,7 +545,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 dur = xcost[U64(2 * recv), U64(d)] + b * xcost[U64(2 * recv + 1), U64(d)]
                 running[U64(d)] = True
                 busy[U64(d)] += dur
-                if TRACE:
+                if trace:
                     x_task[U64(x), U64(2 * recv)] = now
                     x_task[U64(x), U64(2 * recv + 1)] = now + dur
                 n_ev = event_push(ev_t, ev_b, ev_k, ev_id, n_ev, now + dur, (SEND_DONE + 2 * recv) * key_span + x, x)
@@ -553,9 +554,9 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 rq_size[U64(d)] -= 1
                 running[U64(d)] = True
                 end = now + tp[U64(op)]
-                if TRACE:
+                if trace:
                     op_start[U64(op)] = now
-                if INCR or TRACE:
+                if INCR or trace:
                     op_end[U64(op)] = end
                 busy[U64(d)] += tp[U64(op)]
                 live[U64(d)] += out_bytes[U64(op)]
@@ -577,7 +578,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 dd = x_dst[U64(x)]
                 b = tensor_bytes[U64(x_tensor[U64(x)])]
                 t_end = now + (latency[U64(s), U64(dd)] + b / bandwidth[U64(s), U64(dd)])
-                if TRACE:
+                if trace:
                     x_start[U64(x)] = now
                     x_end[U64(x)] = t_end
                 live[U64(dd)] += b
@@ -820,31 +821,20 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
 
 
 # ---------------------------------------------------------- entry points
-@njit(cache=True, inline="always")
-def _full(net, w, placement, TRACE):
+@njit(cache=True, error_model="numpy")
+def simulate_full(net, w, placement, trace):
+    """Simulate one placement from scratch; returns (makespan, n_transfers), or
+    (inf, 0) if some op has no kernel on its device. Busy time and live peak are left
+    in ``w``; with ``trace``, also op and link start and end, and in ``w.x_task`` the
+    send and receive tasks that ran, over whatever it held before (fill it with NaN
+    first)."""
     init_fresh(net, w, placement)
     for op in range(placement.shape[0]):
         if not np.isfinite(w.tp[op]):
             return np.inf, 0
     _run(net, w, make_checkpoints(0, 0, 0, 0, 0), make_base(0, 0, 0), placement, np.zeros(0, np.intp), -1, 0,
-         False, 1, False, False, TRACE)
+         False, 1, False, False, trace)
     return w.sf[0], w.sc[1]
-
-
-@njit(cache=True, error_model="numpy")
-def simulate_full(net, w, placement):
-    """Simulate one placement from scratch; returns (makespan, n_transfers), or
-    (inf, 0) if some op has no kernel on its device. Busy time and live peak are left
-    in ``w``."""
-    return _full(net, w, placement, False)
-
-
-@njit(cache=True, error_model="numpy")
-def simulate_traced(net, w, placement):
-    """:func:`simulate_full` that also leaves the trace in ``w``: op and link start
-    and end, and in ``w.x_task`` the send and receive tasks that ran, over whatever it
-    held before (fill it with NaN first)."""
-    return _full(net, w, placement, True)
 
 
 @njit(cache=True)
@@ -878,7 +868,7 @@ def simulate_batch(net, placements, params, step, busy, peak, chunks):
     for c in prange(chunks):
         w = make_work(n, net.tensor_op.shape[0], net.tensor_cons.shape[0], D)
         for b in range(c * B // chunks, (c + 1) * B // chunks):
-            ms, _ = simulate_full(net, w, placements[b])
+            ms, _ = simulate_full(net, w, placements[b], False)
             step[b] = ms
             for d in range(D):
                 busy[b, d] = w.busy[d]

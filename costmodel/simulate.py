@@ -234,9 +234,7 @@ class CostModel:
         w = self.work()
         if trace:
             w.x_task[:] = np.nan  # stages that cost nothing stay NaN
-            ms, nx = kernels.simulate_traced(self.net, w, p)
-        else:
-            ms, nx = kernels.simulate_full(self.net, w, p)
+        ms, nx = kernels.simulate_full(self.net, w, p, bool(trace))
         busy = w.busy.copy()
         peak = kernels.device_peak(w.livepeak, p, self._param_bytes)
         reason = self._memory_reason(peak)
