@@ -71,9 +71,9 @@ def _less(ta, ka, tb, kb):
 @njit(cache=True)
 def heap_push(ev_t, ev_k, ev_id, size, t, k, i):
     """Push (t, k) -> i onto a min-heap ordered by (t, k) in three parallel arrays; returns the new size."""
-    j = size
+    j = U64(size)  # unsigned positions: no negative-index wraparound per access
     while j > 0:
-        parent = (j - 1) >> 1
+        parent = (j - U64(1)) >> U64(1)
         if _less(t, k, ev_t[parent], ev_k[parent]):
             ev_t[j] = ev_t[parent]
             ev_k[j] = ev_k[parent]
@@ -88,27 +88,13 @@ def heap_push(ev_t, ev_k, ev_id, size, t, k, i):
 
 
 @njit(cache=True)
-def event_push(ev_t, ev_b, ev_k, ev_id, size, t, k, i):
-    """:func:`heap_push` for the engine's event heap, comparing times as integers:
-    ``ev_b`` is ``ev_t`` viewed as int64, and the bits of non-negative float64 times
-    order as the times do (fewer instructions and no unordered case per level)."""
-    j = U64(size)
-    ev_t[j] = t
-    b = ev_b[j]
-    while j > 0:
-        parent = (j - U64(1)) >> U64(1)
-        pb = ev_b[parent]
-        if b < pb or (b == pb and k < ev_k[parent]):
-            ev_b[j] = pb
-            ev_k[j] = ev_k[parent]
-            ev_id[j] = ev_id[parent]
-            j = parent
-        else:
-            break
-    ev_b[j] = b
-    ev_k[j] = k
-    ev_id[j] = i
-    return size + 1
+def time_bits(ev_t, ev_b, j, t):
+    """Time ``t`` as an int64 that orders as the times do (its float64 bit pattern; event
+    times are finite and never negative), written to and read back from free slot ``j``
+    of ``ev_t`` and its int64 view ``ev_b``: the event heap is a :func:`heap_push` heap
+    on these integers (fewer instructions and no unordered case per level)."""
+    ev_t[U64(j)] = t
+    return ev_b[U64(j)]
 
 
 @njit(cache=True)
@@ -480,7 +466,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     link_head, link_tail, link_busy = w.link_head, w.link_tail, w.link_busy
     link_pending, pending = w.link_pending, w.pending
     ev_t, ev_k, ev_id = w.ev_t, w.ev_k, w.ev_id
-    ev_b = ev_t.view(np.int64)  # event times as ordered integers (see event_push)
+    ev_b = ev_t.view(np.int64)  # event times as ordered integers (see time_bits)
     op_start, op_end, x_start, x_end, x_task, moved = w.op_start, w.op_end, w.x_start, w.x_end, w.x_task, w.moved
     dev_pending, dpend, tp, sent = w.dev_pending, w.dpend, w.tp, w.sent
 
@@ -548,7 +534,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 if trace:
                     x_task[U64(x), U64(2 * recv)] = now
                     x_task[U64(x), U64(2 * recv + 1)] = now + dur
-                n_ev = event_push(ev_t, ev_b, ev_k, ev_id, n_ev, now + dur, (SEND_DONE + 2 * recv) * key_span + x, x)
+                n_ev = heap_push(ev_b, ev_k, ev_id, n_ev, time_bits(ev_t, ev_b, n_ev, now + dur),
+                                 (SEND_DONE + 2 * recv) * key_span + x, x)
             elif rq_size[U64(d)] > 0:
                 op = topo_order[U64(keyheap_pop(rq, rq_base[U64(d)], rq_size[U64(d)]) & LOW)]
                 rq_size[U64(d)] -= 1
@@ -564,7 +551,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                     livepeak[U64(d)] = live[U64(d)]
                 if INCR and live[U64(d)] > seg[U64(d)]:
                     seg[U64(d)] = live[U64(d)]
-                n_ev = event_push(ev_t, ev_b, ev_k, ev_id, n_ev, end, OP_DONE * key_span + rank[U64(op)], op)
+                n_ev = heap_push(ev_b, ev_k, ev_id, n_ev, time_bits(ev_t, ev_b, n_ev, end),
+                                 OP_DONE * key_span + rank[U64(op)], op)
         for k in range(n_pending):
             l = pending[U64(k)]
             link_pending[U64(l)] = False
@@ -586,7 +574,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                     livepeak[U64(dd)] = live[U64(dd)]
                 if INCR and live[U64(dd)] > seg[U64(dd)]:
                     seg[U64(dd)] = live[U64(dd)]
-                n_ev = event_push(ev_t, ev_b, ev_k, ev_id, n_ev, t_end, XFER_DONE * key_span + x, x)
+                n_ev = heap_push(ev_b, ev_k, ev_id, n_ev, time_bits(ev_t, ev_b, n_ev, t_end),
+                                 XFER_DONE * key_span + x, x)
         n_pending = 0
         n_dpend = 0
 
