@@ -854,10 +854,13 @@ def simulate_batch(net, placements, params, step, busy, peak, chunks):
     its own Work; fills step, busy and peak (``params``: parameter bytes per op)."""
     B, n = placements.shape
     D = net.T.shape[1]
+    # no trace, as a value LLVM cannot fold: with a literal False it inlines the whole
+    # loop here and compiles it again (16 s of a fresh install's first batch, not 5)
+    trace = chunks < 0
     for c in prange(chunks):
         w = make_work(n, net.tensor_op.shape[0], net.tensor_cons.shape[0], D)
         for b in range(c * B // chunks, (c + 1) * B // chunks):
-            ms, _ = simulate_full(net, w, placements[b], False)
+            ms, _ = simulate_full(net, w, placements[b], trace)
             step[b] = ms
             for d in range(D):
                 busy[b, d] = w.busy[d]
