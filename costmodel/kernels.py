@@ -265,6 +265,7 @@ def make_work(n, nt, n_data, D):
     m = max(n_data, 1)
     L = D * D
     cap = n + 3 * n_data + 1
+    E = 2 * D + L + 1  # pending events: at most one per device and one per link, plus time_bits' free slot
     ip = np.int32  # half the memory traffic of intp (see the module docstring)
     return Work(
         np.zeros(D, np.int64), np.zeros(D, np.int64), np.zeros(D, np.int64), np.zeros(D), np.zeros(D, np.bool_),
@@ -274,7 +275,7 @@ def make_work(n, nt, n_data, D):
         np.zeros(m, ip), np.zeros(m, ip), np.zeros(m, ip), np.zeros(m, ip), np.zeros(m, ip),
         np.full(max(nt, 1) * D, -1, ip),
         np.full(L, -1, ip), np.full(L, -1, ip), np.zeros(L, np.bool_), np.zeros(L, np.bool_), np.zeros(L, ip),
-        np.zeros(cap), np.zeros(cap, np.int64), np.zeros(cap, ip),
+        np.zeros(E), np.zeros(E, np.int64), np.zeros(E, ip),
         np.zeros(n1), np.zeros(n1), np.zeros(m), np.zeros(m), np.zeros((m, 4)),
         np.zeros(n1, np.bool_), np.zeros(n1, ip), np.zeros(4, np.int64), np.zeros(2),
         np.zeros(D, np.bool_), np.zeros(D, ip), np.zeros(n1), np.zeros(D, ip),
