@@ -615,7 +615,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 c = U64(2) * j + U64(1)
                 if c >= un:
                     break
-                # the smaller child, chosen without a branch (ev_t[un] is in bounds)
+                # the smaller child, chosen without a branch (ev_b[un] is in bounds)
                 r = c + U64(1)
                 tr = ev_b[r]
                 tc = ev_b[c]

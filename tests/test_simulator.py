@@ -300,14 +300,7 @@ def test_a_reused_workspace_gives_the_reference_run_after_run(args, seeds):
     pr = Problem(cm)
     placements = [p] + [cm.graph.to_placement(pr.random_assignment(np.random.default_rng(s))) for s in seeds]
     for i, q in enumerate(placements):
-        r = cm.simulate(q, trace=i % 2 == 1)
-        ref = reference.simulate(cm.graph, cm.T, q, cm.cluster)
-        assert r.step_time_us == ref.step_time_us
-        assert np.array_equal(r.busy_us, ref.busy_us)
-        assert np.array_equal(r.peak_memory_bytes, ref.peak_memory_bytes)
-        if r.trace is not None:
-            assert list(zip(r.trace.x_tensor, r.trace.x_src, r.trace.x_dst, r.trace.x_start, r.trace.x_end)) \
-                == ref.transfers
+        same_as_reference(cm, q, cm.simulate(q, trace=i % 2 == 1))
 
 
 def test_batch_matches_single_and_handles_group_assignments():
