@@ -77,18 +77,32 @@ def _storage(url):
 
 def check_storage(url) -> None:
     """SearchError now if ``url`` cannot name an Optuna storage (an unknown scheme, a
-    malformed address), not only once the seeds have been scored; connects to nothing."""
+    malformed address, a file in a folder that does not exist), not only once the seeds
+    have been scored: a budget the seeds use up would otherwise never open it, and the
+    study the user asked to keep would silently not be written. Connects to nothing."""
     if url is None or url.startswith("journal://"):
         if url is not None and not url[len("journal://"):]:
             raise SearchError(f"tpe: journal storage {url!r} names no file (journal:///path/to/study.log)")
+        if url is not None:
+            _check_folder(url, url[len("journal://"):])
         return
     try:
         import sqlalchemy
 
-        sqlalchemy.create_engine(url)  # parses the URL and loads its dialect, opens no connection
+        engine = sqlalchemy.create_engine(url)  # parses the URL and loads its dialect, opens no connection
     except Exception as e:
         raise SearchError(f"tpe: cannot open Optuna storage {url!r}: {type(e).__name__}: {e} (e.g. "
                           f"sqlite:///study.db or journal:///study.log)") from None
+    if engine.url.get_backend_name() == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+        _check_folder(url, engine.url.database)
+
+
+def _check_folder(url, path) -> None:
+    from pathlib import Path
+
+    folder = Path(path).expanduser().parent
+    if not folder.is_dir():
+        raise SearchError(f"tpe: cannot open Optuna storage {url!r}: folder {str(folder)!r} does not exist")
 
 
 @register("tpe")

@@ -150,6 +150,17 @@ def test_tpe_storage_persists_and_resumes_a_study(tmp_path, kind):
     assert r3.metadata["study"] != r1.metadata["study"] and r3.metadata["resumed_trials"] == 0
 
 
+@pytest.mark.parametrize("url", ["sqlite:///{tmp}/no/such/folder/study.db", "journal:///{tmp}/no/such/study.log"])
+def test_tpe_storage_in_a_missing_folder_is_an_error_even_when_the_seeds_use_the_budget(tmp_path, url):
+    # five evaluations are all spent on the seeds: the study is never opened, and without
+    # the check the run would succeed and keep nothing
+    cm = CostModel(presets.load_graph("synthetic-50"), presets.load_cluster("k80x2"))
+    url = url.format(tmp=tmp_path)
+    with pytest.raises(SearchError, match="does not exist"):
+        run("tpe", Problem(cm), Budget(evals=5), seed=0, storage=url)
+    assert not any(tmp_path.iterdir())
+
+
 def test_tpe_bad_storage_is_a_clear_error():
     cm = CostModel(presets.load_graph("synthetic-200"), presets.load_cluster("k80x2"))
     with pytest.raises(SearchError, match="cannot open Optuna storage"):
