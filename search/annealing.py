@@ -26,7 +26,9 @@ is taken with probability ``exp(-x / T)``) and adapts to keep the uphill accepta
 near a target that falls from ``accept_start`` to ``accept_end`` over the budget. Runs
 start from the best placement of the seeding methods (every baseline and list scheduler
 registered with a seed position) and restart, re-heated, from the best placement seen or
-the next seed when a run stops improving. Out-of-memory placements score ``max(step, best
+the next seed when a run stops improving; the random moves that kick a restart off the best
+double with each restart in a row that finds no new best, up to a quarter of the groups,
+then start small again (``metadata["widest_kick"]``). Out-of-memory placements score ``max(step, best
 feasible seed's step) * (1.5 + overflow fraction)``, so they can be crossed but are never
 preferred to a feasible one; the tracker reports the best feasible one. Seeds that are out
 of memory but faster than every feasible one are first fitted into memory
@@ -291,7 +293,7 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
     movable = np.flatnonzero(allowed.sum(axis=1) >= 2)
     seeds_, skipped = seed_assignments(problem, budget, seed, tracker, names=seeds)
     meta = {"moves": moves, "mode": mode, "seeds": list(dict.fromkeys(n for _, n, _ in seeds_)),
-            "skipped_seeds": skipped, "proposals": 0, "accepted": 0, "restarts": 0,
+            "skipped_seeds": skipped, "proposals": 0, "accepted": 0, "restarts": 0, "widest_kick": 0,
             "accepted_by_kind": {}}
     if movable.size == 0 or not seeds_:
         return meta
@@ -354,6 +356,20 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
             cp = CriticalPath(cm, a)
         return float(objective([r[0]], [r[1]], np.atleast_2d(r[2]), cap, ref)[0])
 
+    kick = max(2, movable.size // 50)
+    widest = max(kick, movable.size // 4)
+
+    def kick_size(stale):
+        """Random moves that kick a restart off the best: ``kick``, doubled for each
+        restart in a row that found no new best, up to ``widest``, then from ``kick``
+        again. Small kicks return to the best's own basin; on small problems sa
+        otherwise stays 2-5% above a proven optimum however long it runs."""
+        sizes = [kick]
+        while sizes[-1] < widest:
+            sizes.append(min(2 * sizes[-1], widest))
+        return sizes[stale % len(sizes)]
+
+    stale, best_at_restart = 0, tracker.best_step_us
     T = 0.02
     hist = []  # uphill proposals: 1 accepted, 0 rejected (the last ``window``)
     run_best, since_best, next_seed = cur_obj, 0, 1
@@ -409,12 +425,16 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
         #      every third time from the next seed
         if since_best >= patience and not tracker.done():
             meta["restarts"] += 1
+            stale = 0 if tracker.best_step_us < best_at_restart else stale + 1
+            best_at_restart = tracker.best_step_us
             if next_seed < len(seeds_) and meta["restarts"] % 3 == 0:
                 cur = seeds_[next_seed][2].copy()
                 next_seed += 1
             else:
                 cur = tracker.best_assignment.copy()
-                for _ in range(max(2, movable.size // 50)):
+                k = kick_size(stale)
+                meta["widest_kick"] = max(meta["widest_kick"], k)
+                for _ in range(k):
                     cur = random_neighbour(cur)[0]
             cur_obj = restart_from(cur)
             run_best, since_best, T = cur_obj, 0, max(T, 0.02)

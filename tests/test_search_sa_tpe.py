@@ -349,3 +349,17 @@ def test_kind_odds_favour_the_kinds_that_improve_and_keep_every_kind_alive():
     rng = np.random.default_rng(0)
     drawn = [odds.draw(rng) for _ in range(2000)]
     assert drawn.count("swap") / 2000 == pytest.approx(odds.odds()[1], abs=0.04)
+
+
+def test_sa_restart_kicks_widen_while_restarts_find_nothing_new():
+    # 36 groups, 3 devices: sa finds its best early and restarts from it again and again;
+    # each restart that finds no new best doubles the kick (2, 4, 8) up to a quarter of
+    # the groups (9), so after a few such restarts the widest kick reaches 9
+    from tests.test_search_exact import random_problem
+
+    p = random_problem(36, 3, 2, latency=5.0, bandwidth=20.0, hetero=True)
+    r = run("sa", p, Budget(evals=20000), seed=0)
+    assert r.metadata["restarts"] >= 8
+    assert r.metadata["widest_kick"] == 36 // 4
+    short = run("sa", p, Budget(evals=600), seed=0)
+    assert short.metadata["widest_kick"] in (0, 2)  # no restart yet, or a first one at the smallest kick
