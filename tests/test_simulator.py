@@ -387,3 +387,28 @@ def test_placement_forms_agree():
         cm.simulate(np.array([0, 0, 1]))
     with pytest.raises(PlacementError, match="device index 7"):
         cm.simulate(np.array([0, 0, 7, 0]))
+
+
+@pytest.mark.parametrize("n,seed", [(12, 0), (16, 1), (24, 2)])
+def test_the_simulated_run_is_the_one_schedule_the_rules_allow(n, seed):
+    # tests/cp_schedule.py states DESIGN.md's rules (non-delay list scheduling by ready
+    # time then rank, first-come-first-served links, one copy per tensor and device) as
+    # CP-SAT constraints, sharing no code with the simulator or the reference; for each
+    # random placement the least and the largest sum of op starts over every schedule
+    # obeying them must both be the simulated run
+    import json
+    import subprocess
+    import sys
+
+    from tests.cp_schedule import problem
+
+    pytest.importorskip("ortools")
+    out = subprocess.run([sys.executable, "-m", "tests.cp_schedule", str(n), str(seed), "4"], check=True,
+                         capture_output=True, text=True, timeout=300).stdout
+    got = json.loads(out)
+    cm = problem(n, seed).cost_model
+    for row in got["rows"]:
+        r = cm.simulate(np.array(row["placement"], np.int32), trace=True)
+        starts = np.asarray(r.trace.op_start) * got["scale"]
+        assert row["least"] == row["largest"], "the rules leave more than one schedule"
+        assert np.array_equal(starts, row["least"])
