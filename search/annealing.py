@@ -26,13 +26,14 @@ is taken with probability ``exp(-x / T)``) and adapts to keep the uphill accepta
 near a target that falls from ``accept_start`` to ``accept_end`` over the budget. Runs
 start from the best placement of the seeding methods (every baseline and list scheduler
 registered with a seed position) and restart, re-heated, from the best placement seen or
-the next seed when a run stops improving; the random moves that kick a restart off the best
-double with each restart in a row that finds no new best, up to a quarter of the groups,
-then start small again (``metadata["widest_kick"]``). Out-of-memory placements score ``max(step, best
-feasible seed's step) * (1.5 + overflow fraction)``, so they can be crossed but are never
-preferred to a feasible one; the tracker reports the best feasible one. Seeds that are out
-of memory but faster than every feasible one are first fitted into memory
-(:func:`placetool.search.memory.fit_memory`) and join the seeds as ``NAME (fitted)``.
+the next seed when a run stops improving; the random moves that kick a restart off the
+best double with each restart in a row that finds no new best, up to a quarter of the
+groups, then start small again (``metadata["widest_kick"]``). Out-of-memory placements
+score ``max(step, best feasible seed's step) * (1.5 + overflow fraction)``, so they can
+be crossed but are never preferred to a feasible one; the tracker reports the best
+feasible one. Seeds that are out of memory but faster than every feasible one are first
+fitted into memory (:func:`placetool.search.memory.fit_memory`) and join the seeds as
+``NAME (fitted)``.
 """
 
 from __future__ import annotations
@@ -369,7 +370,7 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
             sizes.append(min(2 * sizes[-1], widest))
         return sizes[stale % len(sizes)]
 
-    stale, best_at_restart = 0, tracker.best_step_us
+    stale, bests_at_restart = 0, len(tracker.history)
     T = 0.02
     hist = []  # uphill proposals: 1 accepted, 0 rejected (the last ``window``)
     run_best, since_best, next_seed = cur_obj, 0, 1
@@ -425,8 +426,8 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
         #      every third time from the next seed
         if since_best >= patience and not tracker.done():
             meta["restarts"] += 1
-            stale = 0 if tracker.best_step_us < best_at_restart else stale + 1
-            best_at_restart = tracker.best_step_us
+            stale = 0 if len(tracker.history) > bests_at_restart else stale + 1
+            bests_at_restart = len(tracker.history)  # one entry per new best
             if next_seed < len(seeds_) and meta["restarts"] % 3 == 0:
                 cur = seeds_[next_seed][2].copy()
                 next_seed += 1
