@@ -118,11 +118,12 @@ def schedules(p, placement: np.ndarray) -> tuple[list[int], list[int]]:
                 o_first = m.new_bool_var("")
                 m.add(start[o] < start[k]).only_enforce_if(o_first)
                 m.add(start[k] < start[o]).only_enforce_if(o_first.Not())
-                for a, b, first in ((o, k, o_first), (k, o, o_first.Not())):
-                    waiting = m.new_bool_var("")  # b was ready when a started
-                    m.add(ready[b] <= start[a]).only_enforce_if(waiting)
-                    m.add(ready[b] > start[a]).only_enforce_if(waiting.Not())
-                    m.add(ready[a] <= ready[b] - (0 if rank[a] < rank[b] else 1)).only_enforce_if([first, waiting])
+                for o1, o2, first in ((o, k, o_first), (k, o, o_first.Not())):
+                    waiting = m.new_bool_var("")  # o2 was ready when o1 started
+                    m.add(ready[o2] <= start[o1]).only_enforce_if(waiting)
+                    m.add(ready[o2] > start[o1]).only_enforce_if(waiting.Not())
+                    # then o1 came first by (ready time, rank)
+                    m.add(ready[o1] <= ready[o2] - (0 if rank[o1] < rank[o2] else 1)).only_enforce_if([first, waiting])
 
     out = []
     for sense in (m.minimize, m.maximize):

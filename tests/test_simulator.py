@@ -399,12 +399,11 @@ def test_the_simulated_run_is_the_one_schedule_the_rules_allow(n, seed):
     import json
     import subprocess
     import sys
+    from pathlib import Path
 
     from tests.cp_schedule import problem
 
     pytest.importorskip("ortools")
-    from pathlib import Path
-
     out = subprocess.run([sys.executable, "-m", "tests.cp_schedule", str(n), str(seed), "4"], check=True,
                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[1]).stdout
     got = json.loads(out)
