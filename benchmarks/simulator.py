@@ -76,7 +76,7 @@ def timed(fn, reps: int, clock=time.process_time) -> float:
     return float(np.median(ts))
 
 
-def bench_graph(name: str, cluster: str, ref_reps: int, reps: int, batch: int) -> dict:
+def bench_graph(name: str, cluster: str, ref_reps: int, reps: int, batch: int, threads=()) -> dict:
     import numba
 
     from placetool.costmodel import CostModel, presets, reference
@@ -103,6 +103,11 @@ def bench_graph(name: str, cluster: str, ref_reps: int, reps: int, batch: int) -
     one = timed(lambda: cm.simulate_batch(P), 3, time.perf_counter)
     numba.set_num_threads(cores)
     allc = timed(lambda: cm.simulate_batch(P), 3, time.perf_counter)
+    by_threads = {}
+    for t in threads:  # scaling with cores, on a machine with more than two
+        numba.set_num_threads(min(t, cores))
+        by_threads[min(t, cores)] = batch / timed(lambda: cm.simulate_batch(P), 3, time.perf_counter)
+    numba.set_num_threads(cores)
     return {
         "graph": name,
         "ops": g.n_ops,
@@ -113,6 +118,7 @@ def bench_graph(name: str, cluster: str, ref_reps: int, reps: int, batch: int) -
         "batch_placements_per_s_1_thread": batch / one,
         "batch_placements_per_s": batch / allc,
         "batch_threads": cores,
+        "batch_placements_per_s_by_threads": by_threads,
     }
 
 
@@ -125,6 +131,8 @@ def main(argv=None) -> None:
     ap.add_argument("--callgrind", action="store_true",
                     help="count instructions per simulated placement with callgrind instead (slow)")
     ap.add_argument("--callgrind-reps", type=int, default=20)
+    ap.add_argument("--threads", default="",
+                    help="also batch throughput at these thread counts, e.g. 1,2,4,8,16 (scaling with cores)")
     args = ap.parse_args(argv)
     if args.callgrind:
         from placetool.costmodel import presets
@@ -144,7 +152,8 @@ def main(argv=None) -> None:
     for name in args.graphs.split(","):
         n = int(name.split("-")[1].rstrip("k")) * (1000 if name.endswith("k") else 1)
         rows.append(bench_graph(name, args.cluster, ref_reps=1 if n > 20_000 else 3,
-                                reps=50 if n <= 10_000 else 10, batch=args.batch))
+                                reps=50 if n <= 10_000 else 10, batch=args.batch,
+                                threads=[int(t) for t in args.threads.split(",") if t]))
     first = {"compile_s": compile_s, "cache_load_s": cached_s}
     if args.json:
         print(json.dumps({"rows": rows, "first_call": first}, indent=2))
@@ -156,6 +165,11 @@ def main(argv=None) -> None:
         print(f"{r['graph']:<15}{r['ops']:>7}{r['edges']:>8}{r['compiled_ms_per_placement']:>13.3f}"
               f"{r['reference_ms_per_placement']:>14.1f}{r['speedup_vs_reference']:>8.0f}x"
               f"{r['batch_placements_per_s_1_thread']:>15.0f}{r['batch_placements_per_s']:>13.0f}")
+    for r in rows:
+        if r["batch_placements_per_s_by_threads"]:
+            one = r["batch_placements_per_s_1_thread"]
+            print(f"{r['graph']}: batch/s by threads " + ", ".join(
+                f"{t}: {v:.0f} ({v / one:.1f}x)" for t, v in r["batch_placements_per_s_by_threads"].items()))
     print(f"first call in a fresh process: {compile_s:.1f} s compiling, {cached_s:.1f} s with the numba cache")
 
 
