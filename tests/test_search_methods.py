@@ -93,7 +93,7 @@ def test_every_method_gives_a_valid_placement(method):
 
 def test_options_are_checked_against_the_signature_before_the_method_runs():
     p = small_problem()
-    with pytest.raises(SearchError, match=r"method 'sa': option 'batch' must be an integer >= 1, got 0"):
+    with pytest.raises(SearchError, match=r"method 'sa': option 'batch' must be an integer >= 1 or none, got 0"):
         run("sa", p, Budget(evals=10), batch=0)
     with pytest.raises(SearchError, match="option 'patience' must be an integer >= 1 or none, got 2.0"):
         run("sa", p, Budget(evals=10), patience=2.0)

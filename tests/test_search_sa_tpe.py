@@ -363,3 +363,13 @@ def test_sa_restart_kicks_widen_while_restarts_find_nothing_new():
     assert r.metadata["widest_kick"] == 36 // 4
     short = run("sa", p, Budget(evals=600), seed=0)
     assert short.metadata["widest_kick"] in (0, 2)  # no restart yet, or a first one at the smallest kick
+
+
+def test_sa_batches_are_at_least_one_neighbour_per_thread():
+    import numba
+
+    cm = CostModel(presets.load_graph("synthetic-200"), presets.load_cluster("k80x2"))
+    r = run("sa", Problem(cm), Budget(evals=100), seed=0)
+    assert r.metadata["batch"] == max(8, numba.get_num_threads())
+    assert run("sa", Problem(cm), Budget(evals=100), seed=0, threads=12).metadata["batch"] == 12
+    assert run("sa", Problem(cm), Budget(evals=100), seed=0, batch=3).metadata["batch"] == 3
