@@ -3,6 +3,7 @@
     python benchmarks/simulator.py            # table
     python benchmarks/simulator.py --json     # {"rows": [...], "first_call": {...}}
     python benchmarks/simulator.py --callgrind --graphs synthetic-10k   # instructions per placement
+    python benchmarks/simulator.py --threads 1,2,4,8,16 --batch 256     # batch scaling with cores
 
 Per graph (synthetic-1k/10k/50k on k80x4, random group assignments), measured side by
 side in one run: ms per placement of ``CostModel.simulate`` (compiled) and of the
