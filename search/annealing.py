@@ -10,9 +10,10 @@ on; ``kinds`` picks some of them). With ``adapt`` (the default) a kind is drawn 
 uniformly, half in proportion to how often its moves improved lately (:class:`KindOdds`;
 ``metadata["kind_odds"]``). The rest move one random group to another device it may use
 (or, with probability ``swap``, exchange the devices of two groups); ``moves="random"``
-uses only the latter. ``batch`` neighbours are proposed at a time (default 8, or one per
-thread where numba runs more: on 16 cores batches of 16 found better placements on 4 of 4
-runs, benchmarks/README.md). With
+uses only the latter. ``batch`` neighbours are proposed at a time (default 8; under a
+budget of seconds alone, one per thread where numba runs more: on 16 cores batches of 16
+found better placements on 4 of 4 runs, benchmarks/README.md; an evaluation budget keeps
+8, so that a seed gives the same answer on every machine). With
 ``mode="incremental"`` the incremental simulator scores them
 (:mod:`placetool.costmodel.incremental`, exact, re-simulates only from the first event a
 move changes, on up to ``threads`` cores, default numba's thread count; it must also
@@ -295,10 +296,12 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
     allowed = problem.allowed
     movable = np.flatnonzero(allowed.sum(axis=1) >= 2)
     seeds_, skipped = seed_assignments(problem, budget, seed, tracker, names=seeds)
-    if batch is None:  # a batch is scored on every thread: fewer neighbours leave threads idle
+    if batch is None:
+        # a batch is scored on every thread, and fewer neighbours leave threads idle; but
+        # under an evaluation budget the same seed gives the same answer on every machine
         import numba
 
-        batch = max(8, threads or numba.get_num_threads())
+        batch = 8 if budget.evals is not None else max(8, threads or numba.get_num_threads())
     meta = {"moves": moves, "mode": mode, "batch": batch, "seeds": list(dict.fromkeys(n for _, n, _ in seeds_)),
             "skipped_seeds": skipped, "proposals": 0, "accepted": 0, "restarts": 0, "widest_kick": 0,
             "accepted_by_kind": {}}

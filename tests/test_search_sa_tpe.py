@@ -365,11 +365,13 @@ def test_sa_restart_kicks_widen_while_restarts_find_nothing_new():
     assert short.metadata["widest_kick"] in (0, 2)  # no restart yet, or a first one at the smallest kick
 
 
-def test_sa_batches_are_at_least_one_neighbour_per_thread():
+def test_sa_batches_have_a_neighbour_per_thread_under_a_time_budget_and_8_under_an_evaluation_budget():
     import numba
 
     cm = CostModel(presets.load_graph("synthetic-200"), presets.load_cluster("k80x2"))
-    r = run("sa", Problem(cm), Budget(evals=100), seed=0)
-    assert r.metadata["batch"] == max(8, numba.get_num_threads())
-    assert run("sa", Problem(cm), Budget(evals=100), seed=0, threads=12).metadata["batch"] == 12
-    assert run("sa", Problem(cm), Budget(evals=100), seed=0, batch=3).metadata["batch"] == 3
+    p = Problem(cm)
+    assert run("sa", p, Budget(seconds=0.3), seed=0).metadata["batch"] == max(8, numba.get_num_threads())
+    assert run("sa", p, Budget(seconds=0.3), seed=0, threads=12).metadata["batch"] == 12
+    # an evaluation budget: the same answer whatever the machine's cores
+    assert run("sa", p, Budget(evals=100), seed=0, threads=12).metadata["batch"] == 8
+    assert run("sa", p, Budget(evals=100), seed=0, batch=3).metadata["batch"] == 3
