@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 import time
 
+import numba
 import numpy as np
 
 from .base import BudgetExhausted, Count, Seeds, SearchError, Share, get, register, seed_names
@@ -299,8 +300,6 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
     if batch is None:
         # a batch is scored on every thread, and fewer neighbours leave threads idle; but
         # under an evaluation budget the same seed gives the same answer on every machine
-        import numba
-
         batch = 8 if budget.evals is not None else max(8, threads or numba.get_num_threads())
     meta = {"moves": moves, "mode": mode, "batch": batch, "seeds": list(dict.fromkeys(n for _, n, _ in seeds_)),
             "skipped_seeds": skipped, "proposals": 0, "accepted": 0, "restarts": 0, "widest_kick": 0,
