@@ -303,6 +303,27 @@ def test_a_reused_workspace_gives_the_reference_run_after_run(args, seeds):
         same_as_reference(cm, q, cm.simulate(q, trace=i % 2 == 1))
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 3), st.booleans()), min_size=1, max_size=40))
+def test_the_event_queue_hands_events_out_by_time_then_key(ops):
+    """Pushes (time, key) and pops in any interleaving: each pop is the least pending
+    event, ties in time broken by the key, as a sorted list of the pending ones says."""
+    from placetool.costmodel.kernels import evq_push
+
+    b, k, ids = (np.zeros(len(ops) + 1, np.int64) for _ in range(3))
+    n, pending = 0, []
+    for i, (t, key, pop) in enumerate(ops):
+        if pop and n:
+            n -= 1
+            least = min(pending)
+            pending.remove(least)
+            assert (b[n], k[n], ids[n]) == least
+        elif (t, key) not in {(e[0], e[1]) for e in pending}:  # keys are unique per time in the loop
+            n = evq_push(b, k, ids, n, np.int64(t), np.int64(key), np.int64(i))
+            pending.append((t, key, i))
+    assert sorted(zip(b[:n], k[:n], ids[:n]), reverse=True) == list(zip(b[:n], k[:n], ids[:n]))
+
+
 def test_batch_matches_single_and_handles_group_assignments():
     g = presets.load_graph("synthetic-1k")
     cm = CostModel(g, presets.load_cluster("k80x2"))
