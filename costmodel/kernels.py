@@ -22,9 +22,10 @@ bytes are constant over a run, so peak = parameters + peak live, added by the ca
 ``copy_of[t * D + d]`` (the transfer bringing tensor t to device d) is never cleared:
 it is read only for transfers made in this run (an op's inputs, a restored base run's
 transfers). Whether tensor t already goes to device d is asked only while t's producer
-ends, when all of t's transfers are made: ``sent[d]`` (the last transfer made to d)
-answers it if it lies among the transfers made for t, so the loop never reads a stale
-entry of the large table (that read missed the cache on most remote consumers).
+ends, when all of t's transfers are made: ``sent[d]`` (the last transfer made to d in
+this run; reset with each run and each restore) answers it if it lies among the
+transfers made for t, so the loop never reads a stale entry of the large table (that
+read missed the cache on most remote consumers).
 
 The loop's footprint is kept small because it decides its speed once a graph outgrows
 the core's cache: index arrays of the workspace are int32, each op's time on its device
@@ -461,6 +462,7 @@ def init_fresh(net, w, placement):
             keyheap_push(w_rq, w_rq_base[d], w_rq_size[d], np.int64(net_rank[op]))
             w_rq_size[d] += 1
     w_epoch_time[0] = 0.0
+    w.sent[:] = -1
     w_sc[0] = 0
     w_sc[1] = 0
     w_sc[3] = 0
@@ -486,6 +488,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst = net.tensor_ptr, net.tensor_cons, net.ctrl_ptr, net.ctrl_dst
     in_ptr, in_tensor, latency, bandwidth, xcost = net.in_ptr, net.in_tensor, net.latency, net.bandwidth, net.xcost
     has_tasks = net.has_tasks
+    lat_l, bw_l = latency.reshape(-1), bandwidth.reshape(-1)  # by link l = src * D + dst
     live, livepeak, seg, busy, running = w.live, w.livepeak, w.seg, w.busy, w.running
     rq, rq_base, rq_size = w.rq, w.rq_base, w.rq_size
     tq_k1, tq_k2, tq_id, tq_base, tq_size = w.tq_k1, w.tq_k2, w.tq_id, w.tq_base, w.tq_size
@@ -590,10 +593,9 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 if link_head[U64(l)] < 0:
                     link_tail[U64(l)] = -1
                 link_busy[U64(l)] = True
-                s = x_src[U64(x)]
                 dd = x_dst[U64(x)]
                 b = tensor_bytes[U64(x_tensor[U64(x)])]
-                t_end = now + (latency[U64(s), U64(dd)] + b / bandwidth[U64(s), U64(dd)])
+                t_end = now + (lat_l[U64(l)] + b / bw_l[U64(l)])
                 if trace:
                     x_start[U64(x)] = now
                     x_end[U64(x)] = t_end
@@ -678,7 +680,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                                 rq_size[U64(dc)] += 1
                             continue
                         x = sent[U64(dc)]
-                        if x >= x_first and x < n_x and x_dst[U64(x)] == dc:
+                        if x >= x_first:  # sent holds only this run's transfers (reset with the run)
                             x_refs[U64(x)] += 1  # already on its way there
                             continue
                         x = n_x
@@ -1115,6 +1117,7 @@ def restore(net, w, ck, base, j, placement):
         w_x_refs[x] = ck_x[j, 0, x]
         w_x_next[x] = ck_x[j, 1, x]
         w_copy_of[t * D + base_x_dst[x]] = x
+    w.sent[:] = -1
     w_sc[0] = n_ev
     w_sc[1] = n_x
     w_sc[3] = ck_i[j, 2]
