@@ -436,6 +436,7 @@ def init_fresh(net, w, placement):
     w_running = w.running
     w_sc = w.sc
     w_seg = w.seg
+    w_sent = w.sent
     w_sf = w.sf
     w_tq_size = w.tq_size
     n = placement.shape[0]
@@ -462,7 +463,7 @@ def init_fresh(net, w, placement):
             keyheap_push(w_rq, w_rq_base[d], w_rq_size[d], np.int64(net_rank[op]))
             w_rq_size[d] += 1
     w_epoch_time[0] = 0.0
-    w.sent[:] = -1
+    w_sent[:] = -1
     w_sc[0] = 0
     w_sc[1] = 0
     w_sc[3] = 0
@@ -1056,6 +1057,7 @@ def restore(net, w, ck, base, j, placement):
     w_running = w.running
     w_sc = w.sc
     w_seg = w.seg
+    w_sent = w.sent
     w_sf = w.sf
     w_tq_base = w.tq_base
     w_tq_id = w.tq_id
@@ -1117,7 +1119,7 @@ def restore(net, w, ck, base, j, placement):
         w_x_refs[x] = ck_x[j, 0, x]
         w_x_next[x] = ck_x[j, 1, x]
         w_copy_of[t * D + base_x_dst[x]] = x
-    w.sent[:] = -1
+    w_sent[:] = -1
     w_sc[0] = n_ev
     w_sc[1] = n_x
     w_sc[3] = ck_i[j, 2]
