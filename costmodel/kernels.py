@@ -472,7 +472,7 @@ def init_fresh(net, w, placement):
 
 
 # ---------------------------------------------------------------- the loop
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, check, INCR, trace):
     """Run from the state in ``w`` to the end of the step.
 
@@ -483,6 +483,14 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     the slots after ``start_ck``; ``check`` compares the state with the base run's
     checkpoints after ``start_ck`` (up to ``n_ck``) and stops at the first that matches.
     Returns the matched checkpoint or -1; the makespan is left in ``w.sf[0]``.
+
+    A full run passes ``ck`` and ``base`` as None and literal constants for the rest:
+    numba compiles a loop per set of literals, LLVM folds the ``INCR`` tests away, and
+    numba drops the blocks under ``if ck is not None`` before typing them (it prunes
+    branches on an argument's None-ness, not on a literal bool), so the first full
+    simulation never compiles ``save``, ``converged`` or the checkpoint makers. ``_run``
+    is a function of its own rather than inlined into its callers: inlining copied its IR
+    into each, which cost about 7 s of the first incremental run's compile.
     """
     rank, topo_order, out_bytes = net.rank, net.topo_order, net.out_bytes
     tensor_op, tensor_bytes, op_tensor_ptr = net.tensor_op, net.tensor_bytes, net.op_tensor_ptr
@@ -526,9 +534,10 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 link_pending[l] = True
                 pending[n_pending] = l
                 n_pending += 1
-    ck_f = ck.f
-    cap_ck = ck_f.shape[0]
-    cap_ev = ck.ev_t.shape[1]
+    if ck is not None:  # see the docstring: a full run's compile drops every block under this test
+        ck_f = ck.f
+        cap_ck = ck_f.shape[0]
+        cap_ev = ck.ev_t.shape[1]
     n_moved = moved_ops.shape[0]
     n_moved_done = 0
     next_ck = start_ck + 1
@@ -612,20 +621,21 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
 
         if n_ev == 0:
             break
-        if INCR and record and since >= every and next_ck < cap_ck and n_ev <= cap_ev:
-            if save(ck, next_ck, w, placement, now, epoch, 1 if (now < ev_t[n_ev - 1] or fresh) else 0, n_ev, n_x,
-                    makespan, wm, wo):
-                next_ck += 1
-                since = 0
-        if INCR and check:
-            while cj < n_ck and ck_f[cj, 0] < ev_t[n_ev - 1]:
-                cj += 1
-            if cj < n_ck and ck_f[cj, 0] == ev_t[n_ev - 1]:
-                if n_moved_done == n_moved and converged(net, ck, base, cj, w, placement, moved_ops, n_ev, n_x,
-                                                         key_span, wm, wo):
-                    matched = cj
-                    break
-                cj += 1
+        if ck is not None:
+            if record and since >= every and next_ck < cap_ck and n_ev <= cap_ev:
+                if save(ck, next_ck, w, placement, now, epoch, 1 if (now < ev_t[n_ev - 1] or fresh) else 0, n_ev,
+                        n_x, makespan, wm, wo):
+                    next_ck += 1
+                    since = 0
+            if check:
+                while cj < n_ck and ck_f[cj, 0] < ev_t[n_ev - 1]:
+                    cj += 1
+                if cj < n_ck and ck_f[cj, 0] == ev_t[n_ev - 1]:
+                    if n_moved_done == n_moved and converged(net, ck, base, cj, w, placement, moved_ops, n_ev, n_x,
+                                                             key_span, wm, wo):
+                        matched = cj
+                        break
+                    cj += 1
         # ---- handle every event of the next instant
         if ev_t[n_ev - 1] > now:
             epoch += 1
@@ -803,9 +813,10 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         if missing[U64(c)] == 0:
                             keyheap_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)])
                             rq_size[U64(dd)] += 1
-    if INCR and record and next_ck > 0 and matched < 0:
-        for d in range(D):
-            ck.seg[next_ck - 1, d] = seg[d]
+    if ck is not None:
+        if record and next_ck > 0 and matched < 0:
+            for d in range(D):
+                ck.seg[next_ck - 1, d] = seg[d]
     w.sc[0] = n_ev
     w.sc[1] = n_x
     w.sc[3] = epoch
@@ -828,8 +839,7 @@ def simulate_full(net, w, placement, trace):
     for op in range(placement.shape[0]):
         if not np.isfinite(w.tp[op]):
             return np.inf, 0
-    _run(net, w, make_checkpoints(0, 0, 0, 0, 0), make_base(0, 0, 0), placement, np.zeros(0, np.intp), -1, 0,
-         False, 1, False, False, trace)
+    _run(net, w, None, None, placement, np.zeros(0, np.intp), -1, 0, False, 1, False, False, trace)
     return w.sf[0], w.sc[1]
 
 
