@@ -472,7 +472,7 @@ def init_fresh(net, w, placement):
 
 
 # ---------------------------------------------------------------- the loop
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")  # as its callers: a division by zero gives inf, not an exception
 def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, check, INCR, trace):
     """Run from the state in ``w`` to the end of the step.
 
