@@ -7,7 +7,7 @@
 numba's machine code has no symbols a profiler can read, so the script finds it
 itself: a child process simulates random group assignments of ``--graph`` on
 ``--cluster`` in a loop, writes the address of the compiled ``simulate_full`` and a
-copy of its machine code, and runs under ``perf record -e cpu-clock`` (sampling real
+copy of its machine code and of the functions it calls (the event loop ``_run`` is one), and runs under ``perf record -e cpu-clock`` (sampling real
 time, so cache and branch misses show where they stall) or under callgrind with cache
 and branch simulation (counts that do not depend on other load on the machine). The
 samples that fall inside the function are matched to its disassembly (``objdump``);
@@ -41,8 +41,21 @@ rng = np.random.default_rng(0)
 P = [cm.graph.to_placement(Problem(cm).random_assignment(rng)) for _ in range(8)]
 cm.simulate(P[0])
 (cres,) = kernels.simulate_full.overloads.values()
-addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
-size = {size}
+entry = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+# The event loop (kernels._run) is a function of its own in simulate_full's code library,
+# and code loaded from numba's cache has no symbol names to look up: find the functions
+# simulate_full calls (absolute targets loaded by movabs, then called) and dump from
+# simulate_full to past the last of them, within its memory mapping.
+import re, subprocess
+open(out + "/entry.bin", "wb").write(ctypes.string_at(entry, 0x4000))
+dis = subprocess.run(["objdump", "-D", "-b", "binary", "-m", "i386:x86-64", "-M", "intel", "--no-show-raw-insn",
+                      out + "/entry.bin"], check=True, capture_output=True, text=True).stdout
+targets = [int(m, 16) for m in re.findall(r"movabs\s+\w+,0x([0-9a-f]+)", dis)]
+targets = [t for t in targets if 0 < t - entry < 1 << 24]
+maps = [tuple(int(x, 16) for x in ln.split()[0].split("-")) for ln in open("/proc/self/maps")]
+last = max(targets + [entry])
+end = min(last + {size}, next(hi for lo, hi in maps if lo <= last < hi))
+addr, size = entry, end - entry
 open(out + "/code.bin", "wb").write(ctypes.string_at(addr, size))
 json.dump({{"addr": addr, "size": size}}, open(out + "/addr.json", "w"))
 t, k = time.perf_counter(), 0
@@ -157,7 +170,7 @@ def main(argv=None) -> None:
     listing = work / "annotated.txt"
     listing.write_text("".join(f"{o:6x}  {cells(o)}  {ins}\n" for o, ins in rows))
     print(f"{args.graph} on {args.cluster}: {runs['runs']} simulations, {runs['ms_per_run']:.3f} ms each "
-          f"({'under callgrind' if args.callgrind else 'sampled by perf'}); in simulate_full: "
+          f"({'under callgrind' if args.callgrind else 'sampled by perf'}); in simulate_full and what it calls: "
           + ", ".join(f"{total[j]:,} {n}" for j, n in enumerate(names)))
     index = {o: i for i, (o, _) in enumerate(rows)}
     rank = CALLGRIND_EVENTS.index(args.by) if args.callgrind else 0
