@@ -255,14 +255,14 @@ class CostModel:
         g, D = self.graph, self.n_devices
         if P.ndim != 2:
             raise PlacementError(f"simulate_batch expects a 2-D array, got shape {P.shape}")
-        if P.shape[1] == g.n_ops:
-            P = np.ascontiguousarray(P, np.int32)
-        elif P.shape[1] == g.n_groups:
-            P = np.ascontiguousarray(P[:, g.group], np.int32)
-        else:
+        # group assignments (what search scores) are checked before they are spread over
+        # the ops, and cannot split a group
+        per_group = P.shape[1] == g.n_groups and P.shape[1] != g.n_ops
+        if P.shape[1] != g.n_ops and not per_group:
             raise PlacementError(f"placements have {P.shape[1]} columns; graph has {g.n_ops} ops, {g.n_groups} groups")
         if P.size and (P.min() < 0 or P.max() >= D):
             raise PlacementError(f"placements hold device indices outside 0..{D - 1}")
+        P = np.ascontiguousarray(P[:, g.group] if per_group else P, np.int32)
         B = P.shape[0]
         step = np.empty(B)
         busy = np.zeros((B, D))
@@ -270,8 +270,8 @@ class CostModel:
         if B:
             chunks = min(B, 4 * numba.get_num_threads())  # a few per thread: rows differ in cost
             kernels.simulate_batch(self.net, P, self._param_bytes, step, busy, peak, chunks)
-        split = np.any(P != P[:, self._group_first[g.group]], axis=1)
-        step[split] = np.inf
+        if not per_group:
+            step[np.any(P != P[:, self._op_group_first], axis=1)] = np.inf  # a split group
         feasible = np.isfinite(step) & np.all(peak <= self.capacity[None, :], axis=1)
         return BatchResult(step, feasible, busy, peak)
 
