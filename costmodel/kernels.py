@@ -284,6 +284,8 @@ class Work(NamedTuple):
     dpend: np.ndarray  # [D]
     tp: np.ndarray  # float64 [n] each op's time on its device (gathered by set_bases)
     sent: np.ndarray  # [D] the last transfer made to each device (see the module docstring)
+    last_op: np.ndarray  # [D] the op each device started last (traced runs)
+    op_prev: np.ndarray  # [n] the op its device started before it, -1 for its first (traced runs)
 
 
 @njit(cache=True)
@@ -307,6 +309,7 @@ def make_work(n, nt, n_data, D):
         np.zeros(n1), np.zeros(n1), np.zeros(m), np.zeros(m), np.zeros((m, 4)),
         np.zeros(n1, np.bool_), np.zeros(n1, ip), np.zeros(4, np.int64), np.zeros(2),
         np.zeros(D, np.bool_), np.zeros(D, ip), np.zeros(n1), np.zeros(D, ip),
+        np.full(D, -1, ip), np.full(n1, -1, ip),
     )
 
 
@@ -437,6 +440,7 @@ def init_fresh(net, w, placement):
     w_sc = w.sc
     w_seg = w.seg
     w_sent = w.sent
+    w_last_op = w.last_op
     w_sf = w.sf
     w_tq_size = w.tq_size
     n = placement.shape[0]
@@ -464,6 +468,7 @@ def init_fresh(net, w, placement):
             w_rq_size[d] += 1
     w_epoch_time[0] = 0.0
     w_sent[:] = -1
+    w_last_op[:] = -1
     w_sc[0] = 0
     w_sc[1] = 0
     w_sc[3] = 0
@@ -509,6 +514,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     ev_b = ev_t.view(np.int64)  # event times as ordered integers (see time_bits)
     op_start, op_end, x_start, x_end, x_task, moved = w.op_start, w.op_end, w.x_start, w.x_end, w.x_task, w.moved
     dev_pending, dpend, tp, sent = w.dev_pending, w.dpend, w.tp, w.sent
+    last_op, op_prev = w.last_op, w.op_prev
 
     D = live.shape[0]
     n = placement.shape[0]
@@ -584,6 +590,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 end = now + tp[U64(op)]
                 if trace:
                     op_start[U64(op)] = now
+                    op_prev[U64(op)] = last_op[U64(d)]
+                    last_op[U64(d)] = op
                 if INCR or trace:
                     op_end[U64(op)] = end
                 busy[U64(d)] += tp[U64(op)]

@@ -38,6 +38,9 @@ class Trace:
     x_start: np.ndarray
     x_end: np.ndarray
     x_task: np.ndarray
+    #: the op its device started before each op, -1 for a device's first (the devices'
+    #: orders, as the simulator ran them)
+    op_prev: np.ndarray
 
     @property
     def n_transfers(self) -> int:
@@ -242,7 +245,7 @@ class CostModel:
         if trace:
             tr = Trace(p, w.op_start[: g.n_ops].copy(), w.op_end[: g.n_ops].copy(), w.x_tensor[:nx].astype(np.int64),
                        w.x_src[:nx].astype(np.int64), w.x_dst[:nx].astype(np.int64), w.x_start[:nx].copy(),
-                       w.x_end[:nx].copy(), w.x_task[:nx].copy())
+                       w.x_end[:nx].copy(), w.x_task[:nx].copy(), op_prev=w.op_prev[: g.n_ops].astype(np.int64))
         return SimResult(float(ms), reason is None, reason, busy, peak, names, tr)
 
     def simulate_batch(self, placements) -> BatchResult:

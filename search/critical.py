@@ -148,12 +148,8 @@ class CriticalPath:
         if tr is not None and n:
             arrival = np.full(max(g.n_tensors, 1) * D, np.inf)
             arrival[tr.x_tensor * D + tr.x_dst] = tr.x_end
-            p = tr.placement
-            o = np.lexsort((tr.op_end, tr.op_start, p))
-            dev_prev = np.full(n, -1, np.int64)
-            same = p[o[1:]] == p[o[:-1]]
-            dev_prev[o[1:][same]] = o[:-1][same]
-            nc = _walk(p, tr.op_start, tr.op_end, *_inputs(g), arrival, dev_prev, on, comm_s, comm_d)
+            # each op's predecessor on its device, in the order the simulator ran them
+            nc = _walk(tr.placement, tr.op_start, tr.op_end, *_inputs(g), arrival, tr.op_prev, on, comm_s, comm_d)
         else:
             nc = 0
         self.ops = on

@@ -324,6 +324,40 @@ def test_the_event_queue_hands_events_out_by_time_then_key(ops):
     assert sorted(zip(b[:n], k[:n], ids[:n]), reverse=True) == list(zip(b[:n], k[:n], ids[:n]))
 
 
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_the_trace_chains_each_devices_ops_in_the_order_they_ran(args):
+    """``op_prev`` links each op to the one its device ran before it: one chain per
+    device, through all of its ops, each ending before the next starts."""
+    cm, p = args
+    r = cm.simulate(p, trace=True)
+    if r.trace is None:
+        return
+    tr = r.trace
+    prev = tr.op_prev
+    has = prev >= 0
+    assert np.all(tr.placement[prev[has]] == tr.placement[has])
+    assert np.all(tr.op_end[prev[has]] <= tr.op_start[has])
+    assert len(set(prev[has].tolist())) == int(has.sum())  # no op is followed twice
+    for d in np.unique(tr.placement):  # one first op per device, the earliest to start
+        first = np.flatnonzero((tr.placement == d) & ~has)
+        assert len(first) == 1 and tr.op_start[first[0]] == tr.op_start[tr.placement == d].min()
+
+
+def test_the_trace_order_is_the_start_order_where_starts_differ():
+    g = presets.load_graph("synthetic-1k")
+    cm = CostModel(g, presets.load_cluster("k80x4"))
+    from placetool.search import Problem
+
+    a = Problem(cm).random_assignment(np.random.default_rng(0))
+    tr = cm.simulate(a, trace=True).trace
+    o = np.lexsort((tr.op_end, tr.op_start, tr.placement))
+    prev = np.full(g.n_ops, -1)
+    same = tr.placement[o[1:]] == tr.placement[o[:-1]]
+    prev[o[1:][same]] = o[:-1][same]
+    assert np.array_equal(tr.op_prev, prev)
+
 def test_batch_matches_single_and_handles_group_assignments():
     g = presets.load_graph("synthetic-1k")
     cm = CostModel(g, presets.load_cluster("k80x2"))
