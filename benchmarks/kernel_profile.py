@@ -7,8 +7,9 @@
 numba's machine code has no symbols a profiler can read, so the script finds it
 itself: a child process simulates random group assignments of ``--graph`` on
 ``--cluster`` in a loop, writes the address of the compiled ``simulate_full`` and a
-copy of its machine code and of the functions it calls (the event loop ``_run`` is one), and runs under ``perf record -e cpu-clock`` (sampling real
-time, so cache and branch misses show where they stall) or under callgrind with cache
+copy of its machine code and of the functions it calls (the event loop ``_run`` is
+one), and runs under ``perf record -e cpu-clock`` (sampling real time, so cache and
+branch misses show where they stall) or under callgrind with cache
 and branch simulation (counts that do not depend on other load on the machine). The
 samples that fall inside the function are matched to its disassembly (``objdump``);
 the hottest instructions are printed with the code around them, and the whole

@@ -365,18 +365,13 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
             cp = CriticalPath(cm, a)
         return float(objective([r[0]], [r[1]], np.atleast_2d(r[2]), cap, ref)[0])
 
-    kick = max(2, movable.size // 50)
-    widest = max(kick, movable.size // 4)
-
-    def kick_size(stale):
-        """Random moves that kick a restart off the best: ``kick``, doubled for each
-        restart in a row that found no new best, up to ``widest``, then from ``kick``
-        again. Small kicks return to the best's own basin; on small problems sa
-        otherwise stays 2-5% above a proven optimum however long it runs."""
-        sizes = [kick]
-        while sizes[-1] < widest:
-            sizes.append(min(2 * sizes[-1], widest))
-        return sizes[stale % len(sizes)]
+    # random moves that kick a restart off the best: the smallest, doubled for each restart
+    # in a row that found no new best, up to a quarter of the groups, then the smallest
+    # again (kicks[stale % len(kicks)]). Small kicks return to the best's own basin; on
+    # small problems sa otherwise stays 2-5% above a proven optimum however long it runs
+    kicks = [max(2, movable.size // 50)]
+    while kicks[-1] < movable.size // 4:
+        kicks.append(min(2 * kicks[-1], movable.size // 4))
 
     stale, bests_at_restart = 0, len(tracker.history)
     T = 0.02
@@ -441,7 +436,7 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
                 next_seed += 1
             else:
                 cur = tracker.best_assignment.copy()
-                k = kick_size(stale)
+                k = kicks[stale % len(kicks)]
                 meta["widest_kick"] = max(meta["widest_kick"], k)
                 for _ in range(k):
                     cur = random_neighbour(cur)[0]
