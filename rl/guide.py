@@ -22,9 +22,42 @@ recomputed whenever the mode changes.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from placetool.search.critical import CriticalPath
 from placetool.search.partition import group_edges
+
+
+@njit(cache=True)
+def _prior(nb_ptr, nb, mode, allowed, log_w, affinity, out):
+    """Fill ``out`` (groups x devices) with the prior of :class:`CriticalPrior`: row g is
+    ``log_w[g]`` plus, on each device g may leave to, ``log(1 + affinity * its neighbours
+    there)`` less that term's log-mean over those devices; 0 on g's mode device."""
+    n, D = out.shape
+    cnt = np.zeros(D)
+    for g in range(n):
+        for d in range(D):
+            cnt[d] = 0.0
+        for j in range(nb_ptr[g], nb_ptr[g + 1]):
+            cnt[mode[nb[j]]] += 1.0
+        m = mode[g]
+        k = 0
+        s = 0.0
+        for d in range(D):
+            if allowed[g, d] and d != m:
+                k += 1
+                s += affinity * cnt[d]
+        # less the log-mean of (1 + affinity * count) over the devices it may leave to, so
+        # moves go elsewhere, not more often (most have no neighbour there: no log1p(0))
+        norm = np.log1p(s / k) if k > 0 and s > 0 else 0.0
+        for d in range(D):
+            v = log_w[g]
+            if d != m and allowed[g, d]:
+                if cnt[d] > 0:
+                    v += np.log1p(affinity * cnt[d])
+                v -= norm
+            out[g, d] = v
+        out[g, m] = 0.0
 
 
 class CriticalPrior:
@@ -48,9 +81,12 @@ class CriticalPrior:
         self.problem = problem
         self.weight, self.affinity = float(weight), float(affinity)
         s, d, _ = group_edges(problem)
-        self.nb_src = np.concatenate([s, d]).astype(np.int64)
-        self.nb_dst = np.concatenate([d, s]).astype(np.int64)
-        self.allowed = problem.allowed
+        # each group's neighbours (a pair linked both ways is listed twice), CSR by group
+        src, dst = np.concatenate([s, d]), np.concatenate([d, s])
+        o = np.argsort(src, kind="stable")
+        self.nb_ptr = np.searchsorted(src[o], np.arange(problem.n_groups + 1)).astype(np.int64)
+        self.nb = np.ascontiguousarray(dst[o], np.int64)
+        self.allowed = np.ascontiguousarray(problem.allowed)
         self.movable = self.allowed.sum(axis=1) >= 2
         #: the traced critical path of the mode of the last call (compound moves follow it)
         self.path = None
@@ -59,25 +95,13 @@ class CriticalPrior:
         """The prior for group assignment ``mode``: 0 on each group's mode device."""
         p = self.problem
         n, D = p.n_groups, p.n_devices
-        mode = np.asarray(mode, np.int64)
-        rows = np.arange(n)
+        mode = np.ascontiguousarray(mode, np.int64)
         self.path = CriticalPath(p.cost_model, mode)
         on = self.path.on_group & self.movable
         # leave-probabilities scaled by w, with the mean over movable groups kept at 1
         w = np.where(on, self.weight, 1.0)
         if self.movable.any():
             w /= w[self.movable].mean()
-        B = np.repeat(np.log(w)[:, None], D, axis=1)
-        if self.affinity > 0 and self.nb_src.size:
-            cnt = np.zeros((n, D))
-            np.add.at(cnt, (self.nb_src, mode[self.nb_dst]), 1.0)
-            aff = np.log1p(self.affinity * cnt)
-            # normalised over the devices a group may leave to: moves go elsewhere, not more often
-            other = self.allowed.copy()
-            other[rows, mode] = False
-            ex = np.where(other, np.exp(aff), 0.0)
-            k = other.sum(axis=1)
-            norm = np.log(np.maximum(ex.sum(axis=1), 1e-300) / np.maximum(k, 1))
-            B += np.where(other, aff - norm[:, None], 0.0)
-        B[rows, mode] = 0.0
+        B = np.empty((n, D))
+        _prior(self.nb_ptr, self.nb, mode, self.allowed, np.log(w), self.affinity, B)
         return B

@@ -447,15 +447,30 @@ def test_frozen_network_table_step_is_the_policy_gradient(tiny):
     expect = tape.gradient(objective, obs["bias"]).numpy()
     fz = _FrozenNetTable(pol, SimpleNamespace(obs=obs, residual_vars=[obs["bias"]], atoms=atoms))
     np.testing.assert_array_equal(fz.greedy()[0], pol.greedy(obs)[0][0])
+    fz.probs()  # kept from here until the table changes
     fz.update(acts, adv, lr=1.0, ent_w=0.0)
     np.testing.assert_allclose(fz.table - table0, np.where(atoms.allowed, expect, 0.0), atol=2e-6)
 
+    # what sampling and the mode read follows the table, and the prior, as they change
+    def softmax(lg):
+        e = np.exp(lg - lg.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    logits = np.where(atoms.allowed, fz.net + fz.table, -np.inf)
+    np.testing.assert_allclose(fz.probs(), softmax(logits / fz.T), rtol=1e-12)
+    np.testing.assert_array_equal(fz.greedy()[0], np.argmax(logits, axis=1))
+    fz.prior = rng.normal(0, 3, fz.table.shape)
+    np.testing.assert_allclose(fz.probs(), softmax(logits / fz.T + fz.prior), rtol=1e-12)
+    np.testing.assert_array_equal(fz.greedy()[0], np.argmax(logits, axis=1))
+
 
 @pytest.mark.timeout(60)
-def test_frozen_sampler_draws_from_the_policy_with_its_prior(tiny):
+@pytest.mark.parametrize("dense", [0.0, np.inf], ids=["uniform-per-atom", "binomial-per-atom"])
+def test_frozen_sampler_draws_from_the_policy_with_its_prior(tiny, dense):
     """The two-stage sampler (stay on the likeliest device, else pick among the others)
-    draws from softmax(net + table + prior) exactly: frequencies within 5 standard errors,
-    never a masked device; the mode ignores the prior."""
+    draws from softmax(net + table + prior) exactly, whichever way it picks the atoms that
+    leave: frequencies within 5 standard errors, never a masked device; the mode ignores
+    the prior."""
     from types import SimpleNamespace
 
     from placetool.rl import policies
@@ -467,6 +482,7 @@ def test_frozen_sampler_draws_from_the_policy_with_its_prior(tiny):
     rng = np.random.default_rng(1)
     obs = pol.obs(atoms, [rng.normal(0, 2, (atoms.n, p.n_devices)).astype(np.float32)])
     fz = _FrozenNetTable(pol, SimpleNamespace(obs=obs, residual_vars=[obs["bias"]], atoms=atoms))
+    fz.dense = dense
     mode = fz.greedy()[0]
     K = 40_000
     for prior in (None, rng.normal(0, 3, (atoms.n, p.n_devices))):
@@ -481,7 +497,8 @@ def test_frozen_sampler_draws_from_the_policy_with_its_prior(tiny):
 
 
 @pytest.mark.timeout(60)
-def test_frozen_sampler_floor_scales_the_chance_to_leave(tiny):
+@pytest.mark.parametrize("dense", [0.0, np.inf], ids=["uniform-per-atom", "binomial-per-atom"])
+def test_frozen_sampler_floor_scales_the_chance_to_leave(tiny, dense):
     """With an exploration floor above the policy's own expected moves, each atom leaves
     its mode with probability min(floor * q / sum(q), 1/2) (q: its chance to leave) and,
     when it leaves, goes to the other devices in the policy's proportions; a floor below
@@ -499,6 +516,7 @@ def test_frozen_sampler_floor_scales_the_chance_to_leave(tiny):
     table[np.arange(atoms.n), rng.integers(0, p.n_devices, atoms.n)] += 9.0  # a confident mode
     obs = pol.obs(atoms, [table.astype(np.float32)])
     fz = _FrozenNetTable(pol, SimpleNamespace(obs=obs, residual_vars=[obs["bias"]], atoms=atoms))
+    fz.dense = dense
     prob = fz.probs()
     rows = np.arange(atoms.n)
     mode = fz.greedy()[0]
@@ -507,6 +525,7 @@ def test_frozen_sampler_floor_scales_the_chance_to_leave(tiny):
 
     fz.floor = 0.5 * q.sum()
     no_floor = _FrozenNetTable(pol, SimpleNamespace(obs=obs, residual_vars=[obs["bias"]], atoms=atoms))
+    no_floor.dense = dense
     np.testing.assert_array_equal(fz.sample(100, [9]), no_floor.sample(100, [9]))
 
     fz.floor = 2.0
@@ -518,7 +537,13 @@ def test_frozen_sampler_floor_scales_the_chance_to_leave(tiny):
     freq = np.stack([(acts == d).mean(axis=0) for d in range(p.n_devices)], axis=1)
     se = np.sqrt(expect * (1 - expect) / K)
     assert np.all(np.abs(freq - expect) <= 5 * se + 1e-12), np.abs(freq - expect).max()
-    assert abs((acts != mode).sum(axis=1).mean() - leave.sum()) < 0.05
+    moved = (acts != mode).sum(axis=1)
+    assert abs(moved.mean() - leave.sum()) < 0.05
+    # samples are independent: each moves as often, with the spread of a sum of coin flips
+    half = K // 2
+    se = np.sqrt(2 * np.sum(leave * (1 - leave)) / half)
+    assert abs(moved[:half].mean() - moved[half:].mean()) < 5 * se
+    assert abs(moved.var() / np.sum(leave * (1 - leave)) - 1) < 0.1
     assert not np.any(freq[~atoms.allowed])
 
 
