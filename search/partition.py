@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import register
+from .kernighan_lin import kernighan_lin
 
 
 # ------------------------------------------------------------------ helpers
@@ -197,44 +198,46 @@ def metis(problem, budget, seed, tracker):
             "memory_repaired": bool(np.any(r != a))}
 
 
-def _kl_split(G, nodes, k, rng, out, base):
-    """Recursive Kernighan-Lin bisection of ``nodes`` into ``k`` parts numbered from base."""
-    from networkx.algorithms.community import kernighan_lin_bisection
+def _induced(xadj, adjncy, w, nodes):
+    """CSR of the subgraph on ``nodes`` (ascending), re-indexed 0..len(nodes)-1."""
+    idx = np.full(len(xadj) - 1, -1, np.int64)
+    idx[nodes] = np.arange(len(nodes))
+    src = idx[np.repeat(np.arange(len(xadj) - 1), np.diff(xadj))]
+    dst = idx[adjncy]
+    keep = (src >= 0) & (dst >= 0)
+    # rows stay sorted, and neighbours within a row too: idx is increasing on nodes
+    src, dst = src[keep], dst[keep]
+    return np.searchsorted(src, np.arange(len(nodes) + 1)), dst, w[keep]
 
+
+def _kl_split(xadj, adjncy, w, nodes, k, out, base):
+    """Recursive Kernighan-Lin bisection of ``nodes`` (ascending) into ``k`` parts numbered
+    from ``base``, the first ``k // 2`` parts from the nodes the first half started with."""
     if k <= 1 or len(nodes) <= 1:
         out[nodes] = base
         return
     k1 = k // 2
     n1 = int(round(len(nodes) * k1 / k))
     # KL keeps part sizes fixed; start from a topologically contiguous split (nodes are
-    # in group order, which follows op order) so it refines a sensible cut.
-    A, B = set(nodes[:n1].tolist()), set(nodes[n1:].tolist())
-    if A and B:
-        A, B = kernighan_lin_bisection(G.subgraph(nodes.tolist()), partition=(A, B), max_iter=10,
-                                       weight="weight", seed=int(rng.integers(1 << 31)))
-    a = np.array(sorted(A), np.int64)
-    b = np.array(sorted(B), np.int64)
-    _kl_split(G, a, k1, rng, out, base)
-    _kl_split(G, b, k - k1, rng, out, base + k1)
+    # in group order, which follows op order) so it refines a sensible cut
+    side = np.zeros(len(nodes), np.int8)
+    side[:n1] = 1
+    if 0 < n1 < len(nodes):
+        side = kernighan_lin(*_induced(xadj, adjncy, w, nodes), side, max_iter=10)
+    _kl_split(xadj, adjncy, w, nodes[side == 1], k1, out, base)
+    _kl_split(xadj, adjncy, w, nodes[side == 0], k - k1, out, base + k1)
 
 
 @register("mincut", seed=9)
 def mincut(problem, budget, seed, tracker):
     """Min-cut baseline: recursive Kernighan-Lin bisection of the group graph into one
     part per GPU (equal group counts per part; KL minimises the bytes cut)."""
-    import networkx as nx
-
     acc = accelerators(problem)
     nodes = _movable(problem, acc)
     xadj, adjncy, w = undirected_group_graph(problem, nodes)
     n = len(nodes)
-    G = nx.Graph()
-    G.add_nodes_from(range(n))
-    src = np.repeat(np.arange(n), np.diff(xadj))
-    half = src < adjncy
-    G.add_weighted_edges_from(zip(src[half].tolist(), adjncy[half].tolist(), w[half].tolist()))
     parts = np.zeros(n, np.int64)
-    _kl_split(G, np.arange(n), len(acc), np.random.default_rng(seed), parts, 0)
+    _kl_split(xadj, adjncy, w, np.arange(n), len(acc), parts, 0)
     a = _parts_to_assignment(problem, nodes, parts, acc)
     r = repair_memory(problem, a)
     score(tracker, np.stack([a, r]) if np.any(r != a) else a)
