@@ -246,7 +246,9 @@ INSTANCES = [(12, 3, 0), (16, 2, 1), (16, 3, 4), (24, 3, 0), (28, 3, 0)]
 SHORT = {("tpe", (16, 3, 4)): "tpe stops 10% above the optimum at 300 trials here",
          ("tpe", (24, 3, 0)): "tpe stops 9% above the optimum at 300 trials here",
          ("tpe", (28, 3, 0)): "tpe stops 7% above the optimum at 300 trials here",
-         ("rl", (16, 3, 4)): "rl stops 8.6% above the optimum here, even at 20,000 samples"}
+         ("rl", (16, 3, 4)): "rl stops 8.6% above the optimum here, even at 20,000 samples",
+         ("rl", (24, 3, 0)): "rl stops 9% above the optimum (401.8) on 4 of seeds 0-9 here; with "
+                             "widen_after=5, on 1 of them"}
 
 
 @pytest.fixture(scope="module")
