@@ -61,6 +61,10 @@ class TrainConfig:
     compound_slack: NonNegative | None = None  # with compound: a compound row teaches the table only if its step
     #                             time is within this fraction above the best so far (0: only rows as good
     #                             as the best; None: every row, as the policy's own draws)
+    widen_after: Count | None = None  # frozen network with a floor: after this many steps without a new best,
+    #                             double the floor (up to Trainer.WIDEN_MAX times); a new best resets it
+    merge: bool = False         # with guide: the rows that beat the mode, on disjoint groups, are also scored
+    #                             together, one more row a step (a compound move made of the batch's winners)
     tasks_per_step: Count | None = None  # multi-problem training: this many problems per step, in rotation
     checkpoint_every: Count = 50  # steps between checkpoints (with a logdir)
 
@@ -269,6 +273,9 @@ class _Task:
         #: moves were drawn (the last batch may be cut short by the budget)
         self.moves = None
         self.compound_samples = 0
+        #: the floor's widening factor and the steps since the last new best (``widen_after``)
+        self.widen = 1.0
+        self.stale = 0
 
     def score(self, A, step_no=0, compound=None):
         """(step times, feasible) of a batch; through the tracker when there is one.
@@ -428,6 +435,8 @@ class Trainer:
             fz = task.frozen
             if task.guide is not None:
                 self._aim(task)
+            if fz and self.cfg.widen_after:
+                fz.floor = float(self.cfg.min_moves) * task.widen
             with_greedy = self.step_no % max(self.cfg.greedy_every, 1) == 0
             parts, compound = [], []
             if with_greedy:
@@ -457,6 +466,25 @@ class Trainer:
             if n <= 0:
                 continue
             acts = tuple(a[:n] for a in actions)
+            if self.cfg.merge and task.guide is not None and fz:
+                merged = self._merged(task, acts[0], step[:n], ok[:n])
+                if merged is not None:
+                    m_n, m_step, m_ok = task.score(self.policy.assignment(task.atoms, (merged[None],)), self.step_no,
+                                                   np.ones(1, bool))
+                    self.samples_seen += m_n
+                    task.compound_samples += 1
+                    acts = (np.concatenate([acts[0], merged[None]]),)
+                    step, ok = np.concatenate([step[:n], m_step]), np.concatenate([ok[:n], m_ok])
+                    cflags = np.concatenate([cflags[:n], [True]])
+                    n += 1
+            if fz and self.cfg.widen_after:
+                if task.best < best_before:
+                    task.widen, task.stale = 1.0, 0
+                else:
+                    task.stale += 1
+                    if task.stale >= self.cfg.widen_after:
+                        task.widen = min(task.widen * 2, self.WIDEN_MAX)
+                        task.stale = 0
             adv = self.advantages(task, self.rewards(task, step[:n], ok[:n]))
             if self.cfg.compound_slack is not None:
                 # a compound row far from the best only sharpens the table around the mode (at 24
@@ -489,6 +517,9 @@ class Trainer:
         self.log(out)
         return out
 
+    #: the most the floor widens (``widen_after``): 8 x ``min_moves`` groups leave the mode per sample
+    WIDEN_MAX = 8.0
+
     #: the kinds of CriticalMoves measured (benchmarks/README.md, "Compound moves among the
     #: samples"): a run of critical groups to one device, one end of a transfer on the path
     #: moved to the other's device, a swap; sa's other kinds move one group to a neighbour's
@@ -511,6 +542,26 @@ class Trainer:
                 replaced[j] = True
         task.compound_samples += int(replaced.sum())
         return replaced
+
+    @staticmethod
+    def _merged(task: _Task, acts: np.ndarray, step: np.ndarray, ok: np.ndarray):
+        """The mode with the changes of every row that beat it, best first, as long as
+        they touch disjoint groups; None unless at least two rows went in."""
+        base, t0 = task.guide_mode, task.guide.path.step_time_us
+        better = np.flatnonzero(ok & (step < t0))
+        if len(better) < 2:
+            return None
+        merged = np.array(base, copy=True)
+        used = np.zeros(len(base), bool)
+        k = 0
+        for i in better[np.argsort(step[better], kind="stable")]:
+            ch = np.flatnonzero(acts[i] != base)
+            if ch.size == 0 or used[ch].any():
+                continue
+            merged[ch] = acts[i][ch]
+            used[ch] = True
+            k += 1
+        return merged if k >= 2 else None
 
     def _aim(self, task: _Task) -> None:
         """Point the task's exploration prior at its mode's critical path (again, if the mode moved)."""

@@ -685,3 +685,61 @@ def test_rl_compound_slack_leaves_rows_far_from_the_best_out_of_the_update():
     np.testing.assert_array_equal(seen[1e9]["adv"], adv)  # all within the slack: as without it
     with pytest.raises(UserError, match="option 'compound_slack' must be a number >= 0 or none"):
         run("rl", p, Budget(evals=10), seed=0, compound=8, compound_slack=-0.1)
+
+
+def test_rl_merge_joins_the_rows_that_beat_the_mode_on_disjoint_groups():
+    """Known answer: the winners, best first, each taken only if it touches no group an
+    earlier one changed; None unless two went in; infeasible rows never count."""
+    from types import SimpleNamespace
+
+    from placetool.rl.trainer import Trainer
+
+    base = np.zeros(5, np.int32)
+    task = SimpleNamespace(guide_mode=base, guide=SimpleNamespace(path=SimpleNamespace(step_time_us=100.0)))
+    acts = np.zeros((5, 5), np.int32)
+    acts[0, 1] = 1              # 90: beats the mode, but shares group 1 with row 2
+    acts[1, 2] = 2              # 95: beats it, disjoint from row 2
+    acts[2, [1, 3]] = [2, 1]    # 80: the best
+    acts[3, 4] = 1              # 120: worse
+    step = np.array([90.0, 95.0, 80.0, 120.0, 100.0])
+    ok = np.ones(5, bool)
+    merged = Trainer._merged(task, acts, step, ok)
+    assert merged.tolist() == [0, 2, 2, 1, 0]
+    assert base.tolist() == [0] * 5  # the mode is left alone
+    assert Trainer._merged(task, acts, step, np.array([True, False, True, True, True])) is None  # row 2 alone
+    assert Trainer._merged(task, acts, np.array([90.0, 100.0, 120.0, 120.0, 100.0]), ok) is None  # row 0 alone
+
+
+@pytest.mark.timeout(120)
+def test_rl_floor_widens_while_no_new_best_is_found(tiny):
+    """With ``widen_after=2`` the exploration floor doubles after every 2 steps without a
+    new best, up to 8 x ``min_moves``, and falls back to ``min_moves`` at a new best; with
+    ``merge`` a step also scores its winners together, within the budget."""
+    from placetool.rl import policies
+    from placetool.rl.trainer import Trainer, TrainConfig
+
+    p, _ = tiny
+    pol = policies.make("gdp", p.n_devices, seed=0, hidden=16)
+    cfg = TrainConfig(lr=0.0, guide=16.0, min_moves=0.5, widen_after=2, samples=8, baseline="loo",
+                      residual_optimizer="sgd", residual_lr=20.0, entropy=0.0)
+    tr = Trainer(pol, [p], cfg, seed=0)
+    task = tr.tasks[0]
+    floors, bests = [], []
+    for _ in range(25):
+        tr.step()
+        floors.append(task.frozen.floor)
+        bests.append(task.best)
+    w, stale, prev = 1.0, 0, np.inf
+    for floor, best in zip(floors, bests):
+        assert floor == 0.5 * w
+        if best < prev:
+            w, stale = 1.0, 0
+        else:
+            stale += 1
+            if stale >= 2:
+                w, stale = min(2 * w, 8.0), 0
+        prev = best
+    assert max(floors) == 4.0 and {1.0, 2.0} <= set(floors)
+
+    r = run("rl", p, Budget(evals=300), seed=0, merge=True, widen_after=3)
+    assert r.evaluations == 300 and r.feasible
