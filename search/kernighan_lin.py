@@ -72,9 +72,10 @@ def _pop(heap, pos, cost, stamp, size):
 
 
 @njit(cache=True)
-def _sweep(ptr, adj, w, side, cost, stamp, heaps, pos, pair_u, pair_v, tot):
+def _sweep(ptr, adj, w, side, cost, stamp, heaps, pos, pairs, tot):
     """One pass: pop the cheapest node of side 0, then of side 1, and so on while both
-    have nodes, updating the neighbours' costs; returns how many pairs were popped."""
+    have nodes, updating the neighbours' costs; ``pairs[s, k]`` is the k-th node popped
+    from side s. Returns how many pairs were popped."""
     n = side.shape[0]
     size = np.zeros(2, np.int64)
     count = np.zeros(2, np.int64)  # each heap numbers its insertions, as networkx's
@@ -98,10 +99,7 @@ def _sweep(ptr, adj, w, side, cost, stamp, heaps, pos, pair_u, pair_v, tot):
             x = _pop(heaps[s], pos, cost, stamp, size[s])
             size[s] -= 1
             pair += cost[x]
-            if s == 0:
-                pair_u[k] = x
-            else:
-                pair_v[k] = x
+            pairs[s, k] = x
             for j in range(ptr[x], ptr[x + 1]):
                 y = adj[j]
                 if pos[y] < 0 or w[j] == 0.0:
@@ -126,11 +124,10 @@ def _kernighan_lin(ptr, adj, w, side, max_iter):
     stamp = np.empty(n, np.int64)
     heaps = np.empty((2, n), np.int64)
     pos = np.empty(n, np.int64)
-    pair_u = np.empty(n, np.int64)
-    pair_v = np.empty(n, np.int64)
+    pairs = np.empty((2, n), np.int64)
     tot = np.empty(n)
     for _ in range(max_iter):
-        k = _sweep(ptr, adj, w, side, cost, stamp, heaps, pos, pair_u, pair_v, tot)
+        k = _sweep(ptr, adj, w, side, cost, stamp, heaps, pos, pairs, tot)
         if k == 0:
             break
         best = 0
@@ -140,8 +137,8 @@ def _kernighan_lin(ptr, adj, w, side, max_iter):
         if tot[best] >= 0:
             break
         for i in range(best + 1):
-            side[pair_u[i]] = 1
-            side[pair_v[i]] = 0
+            side[pairs[0, i]] = 1
+            side[pairs[1, i]] = 0
 
 
 def kernighan_lin(ptr, adj, w, side, max_iter: int = 10) -> np.ndarray:

@@ -30,8 +30,7 @@ def cut(ptr, adj, w, side):
 def graphs(draw):
     n = draw(st.integers(2, 40))
     pairs = draw(st.sets(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=3 * n))
-    pairs = sorted((min(p), max(p)) for p in pairs if p[0] != p[1])
-    pairs = sorted(set(pairs))
+    pairs = sorted({(min(p), max(p)) for p in pairs if p[0] != p[1]})
     a = np.array([p[0] for p in pairs], np.int64)
     b = np.array([p[1] for p in pairs], np.int64)
     # distinct real weights: no ties between costs, so the two must agree exactly
