@@ -65,45 +65,95 @@ class Terminated(SystemExit):
 _DEFER_IN = tuple(os.path.join(*parts) for parts in [
     (os.sep, "llvmlite", ""), ("numba", "core", "compiler.py"), ("numba", "core", "codegen.py"),
     ("numba", "core", "caching.py"), ("numba", "core", "serialize.py")]) + ("<frozen importlib.",)
-#: while a signal waits: (its exception class, the SIGALRM handler to put back)
+#: frames of code that is no place for a raise of its own but runs between calls that are
+#: (numba, llvmlite, the import machinery): a waiting signal is raised past them
+_INTERNAL = (os.path.join(os.sep, "numba", ""), os.path.join(os.sep, "llvmlite", ""), "<frozen importlib.")
+#: while a signal waits: (its exception class, the SIGALRM handler to put back, the frame
+#: traced to raise it in, the trace function to put back)
 _pending = None
 #: the exception a signal raised last, to know it again should it be dropped
 _raised = None
 
 
+def _in(frame, parts) -> bool:
+    return any(part in frame.f_code.co_filename for part in parts)
+
+
 def _unsafe_here(frame) -> bool:
     while frame is not None:
-        if any(part in frame.f_code.co_filename for part in _DEFER_IN):
+        if _in(frame, _DEFER_IN):
             return True
         frame = frame.f_back
     return False
 
 
+def _resume_frame(frame):
+    """The frame the stack unwinds to once the unsafe code on it has returned: the
+    caller of its outermost unsafe frame (``frame`` itself where none is), or further out
+    past numba's, llvmlite's and the import machinery's own frames."""
+    outermost, f = None, frame
+    while f is not None:
+        if _in(f, _DEFER_IN):
+            outermost = f
+        f = f.f_back
+    f = frame if outermost is None else outermost.f_back
+    while f is not None and _in(f, _INTERNAL):
+        f = f.f_back
+    return f
+
+
 def _raise_when_safe(exc_type, frame) -> None:
     """Raise ``exc_type`` now or, where that is unsafe (see ``_DEFER_IN``), once out of
-    there (checked every 50 ms on SIGALRM)."""
+    there (see :func:`_defer`)."""
     global _raised
     if _unsafe_here(frame):
-        _defer(exc_type)
+        _defer(exc_type, frame)
         return
     _cancel_pending()
     _raised = exc_type()
     raise _raised
 
 
-def _defer(exc_type) -> None:
+def _defer(exc_type, frame) -> None:
+    """Raise ``exc_type`` once the unsafe code under ``frame`` has returned: at the first
+    event of the frame it returns to (traced), or failing that at the first SIGALRM, every
+    50 ms, that finds the stack safe. A cold numba cache compiles kernel after kernel with
+    only moments in between: sampled alone, a signal waited for the whole chain (40 s and
+    more), and the trace costs only while one waits."""
     global _pending
     if _pending is None:
-        _pending = (exc_type, signal.signal(signal.SIGALRM, _retry))
+        resume = _resume_frame(frame) if frame is not None else None
+        previous = sys.gettrace()
+        if resume is None or previous is not None:  # a debugger's or coverage's trace is left alone
+            resume = None
+        else:
+            resume.f_trace = _on_resume
+            sys.settrace(_untraced)  # frames get line events only while a trace function is set
+        _pending = (exc_type, signal.signal(signal.SIGALRM, _retry), resume, previous)
     signal.setitimer(signal.ITIMER_REAL, 0.05)
+
+
+def _untraced(frame, event, arg):
+    return None  # trace no new frame: only the resume frame's own trace function runs
+
+
+def _on_resume(frame, event, arg):
+    if _pending is None or frame is not _pending[2]:
+        return None
+    _raise_when_safe(_pending[0], frame)
+    return _on_resume  # still unsafe (an import from here, say): the next event again
 
 
 def _cancel_pending() -> None:
     global _pending
     if _pending is not None:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, _pending[1])
+        exc_type, alarm, resume, previous = _pending
         _pending = None
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, alarm)
+        if resume is not None:
+            resume.f_trace = None
+            sys.settrace(previous)
 
 
 def _retry(signum, frame):
@@ -127,9 +177,18 @@ def _on_unraisable(previous, u) -> None:
     global _raised
     if u.exc_value is not None and u.exc_value is _raised:
         _raised = None
-        _defer(type(u.exc_value))
+        _defer(type(u.exc_value), sys._getframe().f_back)  # the frame the finalizer interrupted
     else:
         previous(u)
+
+
+def raise_if_stopped() -> None:
+    """Raise again, where that is safe, the exception a signal raised if the command is
+    still at work: called where work goes on (a search's progress), it stops a command
+    whose exception was swallowed on its way out (C code that clears errors, a broad
+    ``except``), which would otherwise run on to the end of its budget."""
+    if _raised is not None and _pending is None:
+        _raise_when_safe(type(_raised), sys._getframe().f_back)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ import numpy as np
 
 from .common import (budget_options, check_writable, cluster_option, emit_json, fmt_us, graph_option,
                      json_option, load_problem, out_option, profile_option, progress, quiet_option, write_json)
+from .main import raise_if_stopped
 
 DEFAULT_METHOD = "sa"
 #: baselines printed beside the result with --compare
@@ -79,6 +80,7 @@ class _Bar:
         return self.bar.__exit__(*a)
 
     def __call__(self, evaluations, seconds, best_step_us):
+        raise_if_stopped()  # a placement scored after Ctrl-C or SIGTERM: the first raise was lost
         f = 0.0
         if self.budget.evals:
             f = max(f, evaluations / self.budget.evals)
