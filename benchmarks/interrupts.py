@@ -9,9 +9,12 @@ the placement; otherwise it *crashed* (killed by a signal, e.g. SIGSEGV), *hung*
 running: the signal was lost) or *failed* (another exit status). The first moments of a
 search load numba's cache, import the seeding methods' libraries and box compiled
 results: the short delays aim there. The terminal output of every unclean trial is kept
-under ``--keep`` (faulthandler's stack for a crash).
+under ``--keep`` (faulthandler's stack for a crash). ``--cold`` deletes placetool's numba
+cache before every trial, so the signal lands while kernels compile one after another, as
+on a first run; the seconds from the signal to the exit are reported beside the outcomes.
 
     python benchmarks/interrupts.py --trials 50
+    python benchmarks/interrupts.py --signal TERM --cold --trials 10 --max-delay 20 --grace 90
 """
 
 from __future__ import annotations
@@ -31,8 +34,24 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tests.helpers import ForegroundRun  # noqa: E402  (the CLI on a terminal, as the signal tests start it)
 
-def trial(args, delay: float, workdir: Path) -> tuple[str, str]:
-    """One run interrupted ``delay`` s after its first scored placement: (outcome, terminal text)."""
+def clear_numba_cache(workdir: Path) -> int:
+    """Delete the numba cache files of the placetool the trials run (as a child process in
+    ``workdir`` imports it); how many there were."""
+    code = "import placetool.costmodel as c, placetool.search as s, placetool.rl as r; " \
+           "print('\\n'.join(c.__path__ + s.__path__ + r.__path__))"
+    roots = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True,
+                           check=True).stdout.split()
+    n = 0
+    for root in roots:
+        for f in Path(root).rglob("*.nb[ic]"):
+            f.unlink()
+            n += 1
+    return n
+
+
+def trial(args, delay: float, workdir: Path) -> tuple[str, str, float]:
+    """One run interrupted ``delay`` s after its first scored placement: (outcome, terminal
+    text, seconds from the signal to the exit)."""
     with ForegroundRun(["search", "-g", args.graph, "-c", args.cluster, "-m", args.method, "--budget-seconds", "300",
                         "-o", "best.json"], workdir) as run:
         p = run.proc
@@ -41,13 +60,15 @@ def trial(args, delay: float, workdir: Path) -> tuple[str, str]:
             time.sleep(0.005)
         time.sleep(delay)
         p.send_signal(args.sig)
+        sent = time.monotonic()
         try:
             out, _ = p.communicate(timeout=args.grace)
         except subprocess.TimeoutExpired:
             p.kill()
             out, _ = p.communicate()
-            outcome = "hung"
+            outcome, stop_s = "hung", args.grace
         else:
+            stop_s = time.monotonic() - sent
             want = 130 if args.sig == signal.SIGINT else 143
             if p.returncode == want and "placement written to best.json" in out:
                 outcome = "clean"
@@ -55,7 +76,7 @@ def trial(args, delay: float, workdir: Path) -> tuple[str, str]:
                 outcome = f"crashed ({signal.Signals(-p.returncode).name})"
             else:
                 outcome = f"failed (exit {p.returncode})"
-    return outcome, "\n".join(run.lines()) + "\n--- stdout ---\n" + out
+    return outcome, "\n".join(run.lines()) + "\n--- stdout ---\n" + out, stop_s
 
 
 def main(argv=None) -> int:
@@ -71,17 +92,21 @@ def main(argv=None) -> int:
     ap.add_argument("--grace", type=float, default=20.0, help="seconds a run may take to stop")
     ap.add_argument("--keep", type=Path, default=Path("interrupts-failed"),
                     help="folder for the terminal output of unclean trials")
+    ap.add_argument("--cold", action="store_true", help="delete placetool's numba cache before every trial")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     args.sig = signal.SIGINT if args.signal == "INT" else signal.SIGTERM
     rng = random.Random(args.seed)
     counts: dict[str, int] = {}
-    failures = []
+    failures, stops = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.trials):
             delay = rng.uniform(0, 0.03) if rng.random() < 0.5 else rng.uniform(0, args.max_delay)
-            outcome, text = trial(args, delay, Path(tmp))
+            if args.cold:
+                clear_numba_cache(Path(tmp))
+            outcome, text, stop_s = trial(args, delay, Path(tmp))
             counts[outcome] = counts.get(outcome, 0) + 1
+            stops.append(stop_s)
             if outcome != "clean":
                 args.keep.mkdir(parents=True, exist_ok=True)
                 path = args.keep / f"trial-{args.seed}-{i}.txt"
@@ -93,9 +118,13 @@ def main(argv=None) -> int:
     if not args.json:
         print(file=sys.stderr)
     if args.json:
-        print(json.dumps({"trials": args.trials, "signal": args.signal, "counts": counts, "failures": failures}))
+        print(json.dumps({"trials": args.trials, "signal": args.signal, "cold": args.cold, "counts": counts,
+                          "stop_s": stops, "failures": failures}))
     else:
-        print(f"{args.method} on {args.graph}/{args.cluster}, SIG{args.signal} {args.trials} times")
+        print(f"{args.method} on {args.graph}/{args.cluster}, SIG{args.signal} {args.trials} times"
+              + (", numba cache cold" if args.cold else ""))
+        q = sorted(stops)
+        print(f"signal to exit: median {q[len(q) // 2]:.2f} s, max {q[-1]:.2f} s")
         print(f"{'outcome':<22} {'trials':>6}")
         for k, v in sorted(counts.items()):
             print(f"{k:<22} {v:>6}")

@@ -10,8 +10,9 @@ in the same process with the same ``--seconds`` budget and seed:
 
 - warm start: the best cheap placement rl (and sa) start from, and its name;
 - rl at T s: ``placetool search --method rl`` (gdp on every group) — its best, its ratio to
-  the warm start, *where the best came from* (``warm start NAME``, ``policy at step N``
-  or ``compound move off the policy's mode at step N``), new bests by origin (JSON:
+  the warm start, *where the best came from* (``warm start NAME``, ``policy at step N``,
+  ``compound move off the policy's mode at step N`` or, fine-tuning, ``the policy's
+  winning samples of step N, merged``), new bests by origin (JSON:
   ``rl_improvements``), its steps and samples/s;
 - sa at T s: simulated annealing (incremental simulator), its best and evaluations/s;
 - rl / sa: below 1.0 rl won.

@@ -64,7 +64,8 @@ class TrainConfig:
     widen_after: Count | None = None  # frozen network with a floor: after this many steps without a new best,
     #                             double the floor (up to Trainer.WIDEN_MAX times); a new best resets it
     merge: bool = False         # with guide: the rows that beat the mode, on disjoint groups, are also scored
-    #                             together, one more row a step (a compound move made of the batch's winners)
+    #                             together, one more row a step (a compound move made of the batch's winners;
+    #                             rl's default when it fine-tunes a pre-trained gdp policy)
     tasks_per_step: Count | None = None  # multi-problem training: this many problems per step, in rotation
     checkpoint_every: Count = 50  # steps between checkpoints (with a logdir)
 
@@ -260,7 +261,7 @@ class _Task:
         self.best_step = None
         self.best_origin = None
         #: new bests (of this run's own samples) found by each origin
-        self.improvements = {"policy": 0, "compound": 0}
+        self.improvements = {"policy": 0, "compound": 0, "merged": 0}
         #: the step time the task started from (a warm start's), if the caller sets it
         self.start_us: float | None = None
         #: step time of the policy's mode (greedy placement) when it was scored before any update
@@ -273,13 +274,16 @@ class _Task:
         #: moves were drawn (the last batch may be cut short by the budget)
         self.moves = None
         self.compound_samples = 0
+        #: rows made of a step's winners (``merge``)
+        self.merged_samples = 0
         #: the floor's widening factor and the steps since the last new best (``widen_after``)
         self.widen = 1.0
         self.stale = 0
 
-    def score(self, A, step_no=0, compound=None):
+    def score(self, A, step_no=0, compound=None, origin=None):
         """(step times, feasible) of a batch; through the tracker when there is one.
-        ``compound`` marks the rows that are compound moves (for the best's origin)."""
+        ``compound`` marks the rows that are compound moves, ``origin`` names that of every
+        row (for the best's origin: "policy", "compound" or "merged")."""
         if self.tracker is not None:
             r = self.tracker.evaluate(A)
             n = len(r.assignments)
@@ -292,7 +296,7 @@ class _Task:
             i = int(np.argmin(np.where(ok, step, np.inf)))
             if step[i] < self.best:
                 self.best, self.best_assignment, self.best_step = float(step[i]), A[i].copy(), step_no
-                self.best_origin = "compound" if compound is not None and compound[i] else "policy"
+                self.best_origin = origin or ("compound" if compound is not None and compound[i] else "policy")
                 self.improvements[self.best_origin] += 1
         return n, step, ok
 
@@ -470,9 +474,9 @@ class Trainer:
                 merged = self._merged(task, acts[0], step[:n], ok[:n])
                 if merged is not None:
                     m_n, m_step, m_ok = task.score(self.policy.assignment(task.atoms, (merged[None],)), self.step_no,
-                                                   np.ones(1, bool))
+                                                   origin="merged")
                     self.samples_seen += m_n
-                    task.compound_samples += 1
+                    task.merged_samples += 1
                     acts = (np.concatenate([acts[0], merged[None]]),)
                     step, ok = np.concatenate([step[:n], m_step]), np.concatenate([ok[:n], m_ok])
                     cflags = np.concatenate([cflags[:n], [True]])
