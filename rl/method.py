@@ -62,11 +62,11 @@ DEFAULT_BUDGET = Budget(seconds=120.0)
 GDP_SEARCH_DEFAULTS = {"lr": 0.0, "baseline": "loo", "residual_optimizer": "sgd", "residual_lr": 20.0,
                        "samples": 32, "entropy": 0.0, "guide": 16.0, "min_moves": 1.0,
                        "compound": 24, "compound_until": 0.5, "compound_slack": 0.1}
-#: ... and when that search fine-tunes a pre-trained policy (``init_from``): each step's
-#: winners on disjoint groups are also scored together (``merge``). Over 60 s it ended
-#: better on all 6 fine-tuning runs measured (inception_v3 3 seeds, transformer 2, gnmt8
-#: 1: 0.6-3.2%) but on only 2 of 6 searches from scratch (nmt 3.8% and 5.6% worse on two
-#: seeds; benchmarks/README.md, "A batch's winners merged")
+#: added to those when the search fine-tunes a pre-trained policy (``init_from``): each
+#: step's winners on disjoint groups are also scored together (``merge``). Over 60 s it
+#: ended better on all 6 fine-tuning runs measured (inception_v3 3 seeds, transformer 2,
+#: gnmt8 1: 0.6-3.2%) but on only 2 of 6 searches from scratch (nmt 3.8% and 5.6% worse on
+#: two seeds; benchmarks/README.md, "`merge` by default when fine-tuning ...")
 FINE_TUNE_DEFAULTS = {"merge": True}
 #: the table's step size without a warm start: logits start near 0, where steps of 20
 #: collapse the policy onto its first lucky sample (measured on the tests' tiny problem)
