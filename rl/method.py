@@ -18,7 +18,8 @@ average at first, default 3), plus policy knobs
 and trainer knobs (see :class:`placetool.rl.trainer.TrainConfig`; ``guide=0`` turns off the
 exploration aimed at the critical path, :mod:`placetool.rl.guide`; ``min_moves=0`` lets
 the chance to leave the mode fall towards 0 as the policy learns, which stalls the search;
-fine-tuning a pre-trained gdp policy also scores each step's winners together, ``merge``).
+fine-tuning a pre-trained gdp policy also scores each step's winners together, ``merge``,
+and draws compound moves to the end of the budget, ``compound_until=1``).
 
 The budget is the search budget: every sampled placement is one evaluation. The result's
 metadata says where the best placement came from (``source``: ``warm start NAME``,
@@ -63,11 +64,13 @@ GDP_SEARCH_DEFAULTS = {"lr": 0.0, "baseline": "loo", "residual_optimizer": "sgd"
                        "samples": 32, "entropy": 0.0, "guide": 16.0, "min_moves": 1.0,
                        "compound": 24, "compound_until": 0.5, "compound_slack": 0.1}
 #: added to those when the search fine-tunes a pre-trained policy (``init_from``): each
-#: step's winners on disjoint groups are also scored together (``merge``). Over 60 s it
-#: ended better on all 6 fine-tuning runs measured (inception_v3 3 seeds, transformer 2,
-#: gnmt8 1: 0.6-3.2%) but on only 2 of 6 searches from scratch (nmt 3.8% and 5.6% worse on
-#: two seeds; benchmarks/README.md, "`merge` by default when fine-tuning ...")
-FINE_TUNE_DEFAULTS = {"merge": True}
+#: step's winners on disjoint groups are also scored together (``merge``), and compound
+#: moves are drawn to the end of the budget. Over 60 s merging ended better on all 6
+#: fine-tuning runs measured (inception_v3 3 seeds, transformer 2, gnmt8 1: 0.6-3.2%) but
+#: on only 2 of 6 searches from scratch (nmt 3.8% and 5.6% worse on two seeds); with it,
+#: compound moves to the end gained 1.7-3.9% more on inception_v3 and 0.5% on gnmt8, and
+#: lost 0.2% on transformer (benchmarks/README.md, "`merge` by default when fine-tuning ...")
+FINE_TUNE_DEFAULTS = {"merge": True, "compound_until": 1.0}
 #: the table's step size without a warm start: logits start near 0, where steps of 20
 #: collapse the policy onto its first lucky sample (measured on the tests' tiny problem)
 COLD_RESIDUAL_LR = 2.0

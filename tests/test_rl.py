@@ -384,8 +384,9 @@ def test_zero_shot_placement_is_fitted_into_memory_when_asked():
 
 @pytest.mark.timeout(120)
 def test_fine_tuning_merges_a_steps_winners_by_default_and_a_search_from_scratch_does_not():
-    """``merge`` is on by default only where it measured better: fine-tuning a pre-trained
-    gdp policy (benchmarks/README.md); an explicit option wins either way."""
+    """``merge`` (and compound moves to the end) are on by default only where they
+    measured better: fine-tuning a pre-trained gdp policy (benchmarks/README.md); an
+    explicit option wins either way."""
     p = Problem(CostModel(presets.load_graph("synthetic-160"), presets.load_cluster("k80x4")))
     m = run("rl", p, Budget(evals=600), seed=0, init_from="gdp").metadata
     assert m["merge"] is True and m["merged_samples"] > 0  # merged rows are counted as their own kind,
@@ -393,6 +394,9 @@ def test_fine_tuning_merges_a_steps_winners_by_default_and_a_search_from_scratch
     assert "merged" not in m["source"] or m["improvements"]["merged"] > 0
     off = run("rl", p, Budget(evals=600), seed=0, init_from="gdp", merge=False).metadata
     assert off["merge"] is False and off["merged_samples"] == off["improvements"]["merged"] == 0
+    # fine-tuning draws compound moves to the end of the budget, not only in its first half
+    half = run("rl", p, Budget(evals=600), seed=0, init_from="gdp", compound_until=0.5).metadata
+    assert m["compound_samples"] > half["compound_samples"] > 0
     assert run("rl", p, Budget(evals=40), seed=0).metadata["merge"] is False
     assert run("rl", p, Budget(evals=40), seed=0, merge=True).metadata["merge"] is True
 
