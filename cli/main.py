@@ -118,8 +118,8 @@ def _defer(exc_type, frame) -> None:
     """Raise ``exc_type`` once the unsafe code under ``frame`` has returned: at the first
     event of the frame it returns to (traced), or failing that at the first SIGALRM, every
     50 ms, that finds the stack safe. A cold numba cache compiles kernel after kernel with
-    only moments in between: sampled alone, a signal waited for the whole chain (40 s and
-    more), and the trace costs only while one waits."""
+    only moments in between: sampled alone, a signal waited for much of the chain (17-37 s
+    on a first search, or more), and the trace costs only while one waits."""
     global _pending
     if _pending is None:
         resume = _resume_frame(frame) if frame is not None else None

@@ -135,7 +135,7 @@ def test_a_signal_inside_the_compiler_is_raised_once_it_returns():
 def test_a_signal_waiting_on_the_compiler_is_raised_before_the_next_compilation():
     """A cold numba cache compiles kernel after kernel with only moments in between; a
     signal that landed in one compilation is raised as soon as it returns, not at the
-    end of the chain (a 50 ms timer alone found the gaps too seldom: 60 s and more)."""
+    end of the chain (a 50 ms timer alone found the gaps too seldom: 17-37 s, or more)."""
     import ctypes
 
     from placetool.cli import main as cli_main
