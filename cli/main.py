@@ -122,11 +122,9 @@ def _defer(exc_type, frame) -> None:
     on a first search, or more), and the trace costs only while one waits."""
     global _pending
     if _pending is None:
-        resume = _resume_frame(frame) if frame is not None else None
-        previous = sys.gettrace()
-        if resume is None or previous is not None:  # a debugger's or coverage's trace is left alone
-            resume = None
-        else:
+        previous = sys.gettrace()  # a debugger's or coverage's trace is left alone
+        resume = _resume_frame(frame) if frame is not None and previous is None else None
+        if resume is not None:
             resume.f_trace = _on_resume
             sys.settrace(_untraced)  # frames get line events only while a trace function is set
         _pending = (exc_type, signal.signal(signal.SIGALRM, _retry), resume, previous)
