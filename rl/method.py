@@ -19,15 +19,19 @@ and trainer knobs (see :class:`placetool.rl.trainer.TrainConfig`; ``guide=0`` tu
 exploration aimed at the critical path, :mod:`placetool.rl.guide`; ``min_moves=0`` lets
 the chance to leave the mode fall towards 0 as the policy learns, which stalls the search;
 fine-tuning a pre-trained gdp policy also scores each step's winners together, ``merge``,
-and draws compound moves to the end of the budget, ``compound_until=1``).
+draws compound moves to the end of the budget, ``compound_until=1``, moves the policy's mode
+to a step's best sample when that beats the mode, ``follow``, and draws sa's ``region`` moves
+among the compound kinds, each kind by how often it improved lately, ``compound_kinds``,
+``compound_adapt``).
 
 The budget is the search budget: every sampled placement is one evaluation. The result's
 metadata says where the best placement came from (``source``: ``warm start NAME``,
 ``policy at step N``, ``compound move off the policy's mode at step N``, ``the policy's
 winning samples of step N, merged`` or ``policy's mode (zero-shot)``), how many new bests
 each kind of sample found (``improvements``), how many compound moves and merged rows were
-scored (``compound_samples``, ``merged_samples``) and how the result compares with the
-warm start (``vs_warm_start``).
+scored (``compound_samples``, ``merged_samples``), the compound kinds and their odds at the
+end (``compound_kinds``, ``kind_odds``), whether the mode followed the best samples
+(``follow``) and how the result compares with the warm start (``vs_warm_start``).
 """
 
 from __future__ import annotations
@@ -69,8 +73,16 @@ GDP_SEARCH_DEFAULTS = {"lr": 0.0, "baseline": "loo", "residual_optimizer": "sgd"
 #: fine-tuning runs measured (inception_v3 3 seeds, transformer 2, gnmt8 1: 0.6-3.2%) but
 #: on only 2 of 6 searches from scratch (nmt 3.8% and 5.6% worse on two seeds); with it,
 #: compound moves to the end gained 1.7-3.9% more on inception_v3 and 0.5% on gnmt8, and
-#: lost 0.2% on transformer (benchmarks/README.md, "`merge` by default when fine-tuning ...")
-FINE_TUNE_DEFAULTS = {"merge": True, "compound_until": 1.0}
+#: lost 0.2% on transformer (benchmarks/README.md, "`merge` by default when fine-tuning ...").
+#: The mode also moves to a step's best sample that beats it (``follow``): the table's own
+#: steps moved it too slowly, so the samples kept leaving a mode 1-5% behind the best (gnmt8).
+#: With sa's ``region`` moves among the compound kinds, drawn by sa's adaptive odds, the
+#: minute ended 1.0-4.6% better than sa's on inception_v3 and gnmt8 (2 seeds each) and
+#: 0.0-1.0% behind on transformer; region moves without ``follow`` stalled gnmt8, and from
+#: scratch the three did not help (nmt 1.5% worse, gnmt4 0.2% better) (benchmarks/README.md,
+#: "The mode follows the best sample ...")
+FINE_TUNE_DEFAULTS = {"merge": True, "compound_until": 1.0, "follow": True, "compound_kinds": "chain,pull,swap,region",
+                      "compound_adapt": True}
 #: the table's step size without a warm start: logits start near 0, where steps of 20
 #: collapse the policy onto its first lucky sample (measured on the tests' tiny problem)
 COLD_RESIDUAL_LR = 2.0
@@ -205,6 +217,9 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
             "vs_warm_start": (tracker.best_step_us / start_us) if start_us else None,
             "guide_updates": task.guide_updates, "improvements": dict(task.improvements),
             "compound_samples": task.compound_samples, "merge": cfg.merge, "merged_samples": task.merged_samples,
+            "follow": cfg.follow, "compound_kinds": list(cfg.kinds()),
+            "kind_odds": (dict(zip(task.odds.kinds, np.round(task.odds.odds(), 3).tolist()))
+                          if task.odds is not None else None),
             "samples_per_second": summary["samples"] / max(summary["seconds"], 1e-9)}
 
 

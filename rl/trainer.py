@@ -58,11 +58,16 @@ class TrainConfig:
     #                             side, a swap; search.critical.CriticalMoves) instead of the policy's draws
     compound_from: Share = 0.0  # with compound: draw them only while the spent fraction of the budget is
     compound_until: Share = 1.0  # in [compound_from, compound_until)
+    compound_kinds: str = "chain,pull,swap"  # with compound: the kinds drawn (search.critical.CriticalMoves.KINDS)
+    compound_adapt: bool = False  # with compound: draw the kinds as sa does, half uniformly and half by how often
+    #                             each improved on the mode lately (search.annealing.KindOdds); False: uniformly
     compound_slack: NonNegative | None = None  # with compound: a compound row teaches the table only if its step
     #                             time is within this fraction above the best so far (0: only rows as good
     #                             as the best; None: every row, as the policy's own draws)
     widen_after: Count | None = None  # frozen network with a floor: after this many steps without a new best,
     #                             double the floor (up to Trainer.WIDEN_MAX times); a new best resets it
+    follow: bool = False        # frozen network: the mode moves to a step's best row when that beats the mode
+    #                             (its logits trade places with the mode's, FrozenNetTable.adopt)
     merge: bool = False         # with guide: the rows that beat the mode, on disjoint groups, are also scored
     #                             together, one more row a step (a compound move made of the batch's winners;
     #                             rl's default when it fine-tunes a pre-trained gdp policy)
@@ -84,10 +89,22 @@ class TrainConfig:
             raise UserError(f"rl: residual_optimizer must be 'adam' or 'sgd', got {cfg.residual_optimizer!r}")
         if not (cfg.guide == 0 or cfg.guide >= 1):
             raise UserError(f"rl: guide must be 0 (off) or >= 1, got {cfg.guide!r}")
+        from placetool.search.critical import CriticalMoves
+
+        kinds = cfg.kinds()
+        bad = sorted(set(kinds) - set(CriticalMoves.KINDS))
+        if bad or not kinds:
+            raise UserError(f"rl: compound_kinds {cfg.compound_kinds!r}: unknown kind(s) {', '.join(bad) or '(none given)'} "
+                            f"(known: {', '.join(CriticalMoves.KINDS)})")
         if not cfg.compound_from <= cfg.compound_until:
             raise UserError(f"rl: compound_until must be a fraction of the budget in [compound_from, 1], "
                             f"got {cfg.compound_until!r}")
         return cfg
+
+
+    def kinds(self) -> tuple[str, ...]:
+        """The compound kinds as a tuple."""
+        return tuple(k.strip() for k in str(self.compound_kinds).split(",") if k.strip())
 
 
 def _compiled_apply(opt, variables):
@@ -227,6 +244,20 @@ class _FrozenNetTable:
         self._p = self._mode = None
         return float(ent.mean())
 
+    def adopt(self, a) -> int:
+        """Make ``a`` (one device per atom) the mode: on each atom where it differs, the
+        logits of the old and the new mode's device trade places, so the chances to leave
+        and where to go keep their shape around the new mode. Returns how many atoms moved."""
+        old = self.greedy()[0]
+        g = np.flatnonzero((np.asarray(a) != old) & self.mask[np.arange(self.n), a])
+        if g.size:
+            lg = self.net[g] + self.table[g]
+            d = lg[np.arange(g.size), old[g]] - lg[np.arange(g.size), a[g]]
+            self.table[g, a[g]] += d
+            self.table[g, old[g]] -= d
+            self._p = self._mode = None
+        return int(g.size)
+
     def sync(self) -> None:
         self.var.assign(self.table.astype(np.float32))
 
@@ -274,6 +305,10 @@ class _Task:
         #: moves were drawn (the last batch may be cut short by the budget)
         self.moves = None
         self.compound_samples = 0
+        #: how the compound kinds are drawn (``compound_adapt``: search.annealing.KindOdds),
+        #: and the kind of each row of the step being scored (None: not a compound move)
+        self.odds = None
+        self.row_kinds: list | None = None
         #: rows made of a step's winners (``merge``)
         self.merged_samples = 0
         #: the floor's widening factor and the steps since the last new best (``widen_after``)
@@ -328,6 +363,10 @@ class Trainer:
                     from placetool.search.critical import CriticalMoves
 
                     t.moves = CriticalMoves(t.problem, np.random.default_rng([self.seed, 7919, ti]))
+                    if self.cfg.compound_adapt:
+                        from placetool.search.annealing import KindOdds
+
+                        t.odds = KindOdds(self.cfg.kinds())
         import keras
 
         self.opt = keras.optimizers.Adam(float(self.cfg.lr), global_clipnorm=self.cfg.clip_norm)
@@ -470,6 +509,8 @@ class Trainer:
             if n <= 0:
                 continue
             acts = tuple(a[:n] for a in actions)
+            if task.odds is not None and task.row_kinds is not None:
+                self._record_kinds(task, step[:n], ok[:n])
             if self.cfg.merge and task.guide is not None and fz:
                 merged = self._merged(task, acts[0], step[:n], ok[:n])
                 if merged is not None:
@@ -499,6 +540,8 @@ class Trainer:
             if fz:
                 ent = fz.update(acts[0], adv, self.cfg.residual_lr, self.entropy_weight())
                 loss = float("nan")
+                if self.cfg.follow:
+                    self._follow(task, acts[0], step[:n], ok[:n], best_before)
             elif self.cfg.ppo_epochs > 1:  # several clipped passes over this batch, one task at a time
                 old = self.policy.logp_entropy(task.obs, acts)[0].numpy()
                 for _ in range(self.cfg.ppo_epochs):
@@ -524,28 +567,38 @@ class Trainer:
     #: the most the floor widens (``widen_after``): 8 x ``min_moves`` groups leave the mode per sample
     WIDEN_MAX = 8.0
 
-    #: the kinds of CriticalMoves measured (benchmarks/README.md, "Compound moves among the
-    #: samples"): a run of critical groups to one device, one end of a transfer on the path
-    #: moved to the other's device, a swap; sa's other kinds move one group to a neighbour's
-    #: or a less busy device, much as the policy's own draws with the guide's prior do
-    COMPOUND_KINDS = ("chain", "pull", "swap")
-
     def _compound(self, task: _Task, acts: np.ndarray) -> np.ndarray:
         """Overwrite the first ``compound`` rows of ``acts`` (one atom per group) with
         compound moves off the mode along its critical path (a row stays the policy's
-        draw where the path offers no such move); returns which rows were replaced.
+        draw where the path offers no such move); returns which rows were replaced, and
+        keeps each row's kind in ``task.row_kinds`` for the kind odds.
 
         The table then learns from these rows as from its own draws (no importance
         weights, as with the exploration floor): a winning compound move moves the mode."""
-        kinds, rng = self.COMPOUND_KINDS, task.moves.rng
+        kinds, rng = self.cfg.kinds(), task.moves.rng
         replaced = np.zeros(len(acts), bool)
+        task.row_kinds = [None] * len(acts)
         for j in range(min(self.cfg.compound, len(acts))):
-            a = task.moves.propose(task.guide_mode, task.guide.path, kinds[rng.integers(len(kinds))])
+            kind = task.odds.draw(rng) if task.odds is not None else kinds[rng.integers(len(kinds))]
+            a = task.moves.propose(task.guide_mode, task.guide.path, kind)
             if a is not None:
                 acts[j] = a
                 replaced[j] = True
+                task.row_kinds[j] = kind
         task.compound_samples += int(replaced.sum())
         return replaced
+
+    @staticmethod
+    def _record_kinds(task: _Task, step: np.ndarray, ok: np.ndarray) -> None:
+        """Tell the kind odds which kinds this step drew and whether its best compound
+        row beat the mode (as sa records a batch of its moves)."""
+        kinds, task.row_kinds = task.row_kinds[:len(step)], None
+        rows = [j for j, k in enumerate(kinds) if k is not None]
+        if not rows:
+            return
+        b = min(rows, key=lambda j: step[j] if ok[j] else np.inf)
+        improved = bool(ok[b] and step[b] < task.guide.path.step_time_us)
+        task.odds.record([kinds[j] for j in rows], kinds[b], improved)
 
     @staticmethod
     def _merged(task: _Task, acts: np.ndarray, step: np.ndarray, ok: np.ndarray):
@@ -566,6 +619,16 @@ class Trainer:
             used[ch] = True
             k += 1
         return merged if k >= 2 else None
+
+    @staticmethod
+    def _follow(task: _Task, acts: np.ndarray, step: np.ndarray, ok: np.ndarray, best_before: float) -> None:
+        """Move the mode to the step's best row if it beats the mode (``follow``)."""
+        if not ok.any():
+            return
+        i = int(np.argmin(np.where(ok, step, np.inf)))
+        t0 = task.guide.path.step_time_us if task.guide is not None and task.guide_mode is not None else best_before
+        if step[i] < t0:
+            task.frozen.adopt(acts[i])
 
     def _aim(self, task: _Task) -> None:
         """Point the task's exploration prior at its mode's critical path (again, if the mode moved)."""

@@ -384,7 +384,7 @@ def test_zero_shot_placement_is_fitted_into_memory_when_asked():
 
 @pytest.mark.timeout(120)
 def test_fine_tuning_merges_a_steps_winners_by_default_and_a_search_from_scratch_does_not():
-    """``merge`` (and compound moves to the end) are on by default only where they
+    """``merge``, compound moves to the end, ``follow`` and adaptive kinds are on by default only where they
     measured better: fine-tuning a pre-trained gdp policy (benchmarks/README.md); an
     explicit option wins either way."""
     p = Problem(CostModel(presets.load_graph("synthetic-160"), presets.load_cluster("k80x4")))
@@ -397,7 +397,12 @@ def test_fine_tuning_merges_a_steps_winners_by_default_and_a_search_from_scratch
     # fine-tuning draws compound moves to the end of the budget, not only in its first half
     half = run("rl", p, Budget(evals=600), seed=0, init_from="gdp", compound_until=0.5).metadata
     assert m["compound_samples"] > half["compound_samples"] > 0
-    assert run("rl", p, Budget(evals=40), seed=0).metadata["merge"] is False
+    # and the mode follows the best row that beats it, among compound moves of sa's four guided
+    # kinds drawn by their recent odds; a search from scratch keeps its own defaults
+    assert m["follow"] is True and m["compound_kinds"] == ["chain", "pull", "swap", "region"]
+    assert set(m["kind_odds"]) == set(m["compound_kinds"]) and sum(m["kind_odds"].values()) == pytest.approx(1.0)
+    scratch = run("rl", p, Budget(evals=40), seed=0).metadata
+    assert scratch["merge"] is False and scratch["follow"] is False and scratch["kind_odds"] is None
     assert run("rl", p, Budget(evals=40), seed=0, merge=True).metadata["merge"] is True
 
 
@@ -762,3 +767,101 @@ def test_rl_floor_widens_while_no_new_best_is_found(tiny):
 
     r = run("rl", p, Budget(evals=300), seed=0, merge=True, widen_after=3)
     assert r.evaluations == 300 and r.feasible
+
+
+@pytest.mark.timeout(60)
+def test_frozen_table_adopt_moves_the_mode_and_keeps_the_odds_around_it(tiny):
+    """``adopt(a)`` makes ``a`` the mode by trading the logits of the old and the new
+    mode's device on each atom that moves: each atom's probabilities are the same numbers,
+    those two swapped; a device an atom may not use is never adopted."""
+    from types import SimpleNamespace
+
+    from placetool.rl import policies
+    from placetool.rl.trainer import _FrozenNetTable
+
+    p, _ = tiny
+    pol = policies.make("gdp", p.n_devices, seed=5, hidden=16)
+    atoms = pol.atoms_for(p)
+    rng = np.random.default_rng(2)
+    obs = pol.obs(atoms, [rng.normal(0, 2, (atoms.n, p.n_devices)).astype(np.float32)])
+    fz = _FrozenNetTable(pol, SimpleNamespace(obs=obs, residual_vars=[obs["bias"]], atoms=atoms))
+    old, before = fz.greedy()[0].copy(), fz.probs().copy()
+    a = old.copy()
+    multi = np.flatnonzero(atoms.allowed.sum(axis=1) > 1)
+    for g in multi[:3]:
+        a[g] = next(d for d in np.flatnonzero(atoms.allowed[g]) if d != old[g])
+    single = np.flatnonzero(atoms.allowed.sum(axis=1) == 1)[0]
+    a[single] = (old[single] + 1) % p.n_devices  # not allowed there: stays
+    assert fz.adopt(a) == 3
+    expect = a.copy()
+    expect[single] = old[single]
+    np.testing.assert_array_equal(fz.greedy()[0], expect)
+    after = fz.probs()
+    for g in range(atoms.n):
+        swapped = before[g].copy()
+        swapped[[old[g], expect[g]]] = swapped[[expect[g], old[g]]]
+        np.testing.assert_allclose(after[g], swapped, rtol=1e-9, atol=1e-15)
+    assert fz.adopt(expect) == 0
+
+
+def test_rl_follow_moves_the_mode_to_the_best_row_that_beats_it(tiny):
+    """Known answer: the step's best feasible row becomes the mode when it beats the
+    mode's step time; otherwise the mode stays."""
+    from types import SimpleNamespace
+
+    from placetool.rl import policies
+    from placetool.rl.trainer import Trainer, _FrozenNetTable
+
+    p, _ = tiny
+    pol = policies.make("gdp", p.n_devices, seed=5, hidden=16)
+    atoms = pol.atoms_for(p)
+    obs = pol.obs(atoms, [np.zeros((atoms.n, p.n_devices), np.float32)])
+    fz = _FrozenNetTable(pol, SimpleNamespace(obs=obs, residual_vars=[obs["bias"]], atoms=atoms))
+    mode = fz.greedy()[0].copy()
+    task = SimpleNamespace(frozen=fz, guide_mode=mode, guide=SimpleNamespace(path=SimpleNamespace(step_time_us=100.0)))
+    acts = np.repeat(mode[None], 3, axis=0)
+    for k, g in enumerate(np.flatnonzero(atoms.allowed.sum(axis=1) > 1)[:3]):
+        acts[k, g] = next(d for d in np.flatnonzero(atoms.allowed[g]) if d != mode[g])
+    ok = np.ones(3, bool)
+    Trainer._follow(task, acts, np.array([120.0, 101.0, 130.0]), ok, best_before=90.0)
+    np.testing.assert_array_equal(fz.greedy()[0], mode)  # none beats the mode
+    Trainer._follow(task, acts, np.array([95.0, 80.0, 90.0]), np.array([True, False, True]), best_before=90.0)
+    np.testing.assert_array_equal(fz.greedy()[0], acts[2])  # row 1 is infeasible: row 2 is the best
+
+
+@pytest.mark.timeout(60)
+def test_rl_compound_kinds_and_their_odds():
+    """``compound_kinds`` picks the kinds of compound move; with ``compound_adapt`` each
+    step tells sa's kind odds which kinds it drew and whether its best compound row beat
+    the mode; an unknown kind is a clear error."""
+    from placetool.rl import policies
+    from placetool.rl.trainer import Trainer, TrainConfig
+
+    p = Problem(CostModel(presets.load_graph("synthetic-40"), presets.load_cluster("k80x4")))
+    pol = policies.make("gdp", p.n_devices, seed=0, hidden=16)
+    cfg = TrainConfig(lr=0.0, guide=16.0, compound=6, samples=10, compound_kinds="chain, region", compound_adapt=True)
+    tr = Trainer(pol, [p], cfg, seed=0)
+    task = tr.tasks[0]
+    tr._aim(task)
+    acts = task.frozen.sample(10, [1])
+    replaced = tr._compound(task, acts)
+    kinds = list(task.row_kinds)
+    assert [k is not None for k in kinds] == replaced.tolist() and set(kinds) - {None} <= {"chain", "region"}
+    rows = np.flatnonzero(replaced)
+    t0 = task.guide.path.step_time_us
+    step = np.full(10, 2 * t0)
+    step[rows[-1]] = 0.5 * t0  # the best compound row beats the mode
+    step[~replaced] = 0.1 * t0  # a policy draw does better still: not a compound row, not counted
+    tr._record_kinds(task, step, np.ones(10, bool))
+    won = {k: task.odds.won[task.odds.index[k]] for k in ("chain", "region")}
+    assert won == {"chain": float(kinds[rows[-1]] == "chain"), "region": float(kinds[rows[-1]] == "region")}
+    assert task.odds.used.sum() == len(rows) and task.row_kinds is None
+    task.row_kinds = kinds
+    tr._record_kinds(task, np.full(10, 2 * t0), np.ones(10, bool))  # nothing beats the mode
+    assert task.odds.won.sum() == 1 and task.odds.used.sum() == 2 * len(rows)
+
+    m = run("rl", p, Budget(evals=300), seed=0, compound=8, compound_kinds="region", compound_adapt=True).metadata
+    assert m["compound_kinds"] == ["region"] and m["kind_odds"] == {"region": 1.0} and m["compound_samples"] > 0
+    assert run("rl", p, Budget(evals=100), seed=0).metadata["kind_odds"] is None
+    with pytest.raises(UserError, match="compound_kinds 'chain,jump': unknown kind.s. jump"):
+        run("rl", p, Budget(evals=10), seed=0, compound_kinds="chain,jump")
