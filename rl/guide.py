@@ -25,7 +25,6 @@ import numpy as np
 from numba import njit
 
 from placetool.search.critical import CriticalPath
-from placetool.search.partition import group_edges
 
 
 @njit(cache=True)
@@ -80,7 +79,7 @@ class CriticalPrior:
             raise ValueError(f"affinity must be >= 0, got {affinity!r}")
         self.problem = problem
         self.weight, self.affinity = float(weight), float(affinity)
-        s, d, _ = group_edges(problem)
+        s, d, _ = problem.traffic()
         # each group's neighbours (a pair linked both ways is listed twice), CSR by group
         src, dst = np.concatenate([s, d]), np.concatenate([d, s])
         o = np.argsort(src, kind="stable")

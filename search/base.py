@@ -97,6 +97,18 @@ class Problem:
             self._bounds = lower_bound(self)
         return self._bounds
 
+    def traffic(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:func:`placetool.search.partition.group_edges` of this problem, computed once
+        (read only: the partitioners, the guided moves and rl's prior all read it)."""
+        if getattr(self, "_traffic", None) is None:
+            from .partition import group_edges
+
+            edges = group_edges(self)
+            for x in edges:
+                x.flags.writeable = False
+            self._traffic = edges
+        return self._traffic
+
     def lower_bound_us(self) -> float:
         """The best lower bound on the step time of any placement (µs)."""
         return self.lower_bounds()["best"]

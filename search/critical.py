@@ -185,14 +185,12 @@ class CriticalMoves:
     KINDS = ("pull", "neighbour", "chain", "offload", "swap", "region")
 
     def __init__(self, problem, rng, chain_max: int = 8, region_max: int | None = None):
-        from .partition import group_edges
-
         self.problem = problem
         self.rng = rng
         self.allowed = problem.allowed
         self.movable = problem.allowed.sum(axis=1) >= 2
         self.chain_max = chain_max
-        s, d, _ = group_edges(problem)
+        s, d, _ = problem.traffic()
         both_s, both_d = np.concatenate([s, d]), np.concatenate([d, s])
         o = np.argsort(both_s, kind="stable")
         self.nb_ptr = np.searchsorted(both_s[o], np.arange(problem.n_groups + 1))

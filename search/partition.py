@@ -80,7 +80,7 @@ def undirected_group_graph(problem, nodes=None):
     nodes = np.arange(G) if nodes is None else np.asarray(nodes)
     idx = np.full(G, -1, np.int64)
     idx[nodes] = np.arange(len(nodes))
-    s, d, w = group_edges(problem)
+    s, d, w = problem.traffic()
     s, d = idx[s], idx[d]
     keep = (s >= 0) & (d >= 0)
     s, d, w = s[keep], d[keep], w[keep]
@@ -241,6 +241,6 @@ def mincut(problem, budget, seed, tracker):
     a = _parts_to_assignment(problem, nodes, parts, acc)
     r = repair_memory(problem, a)
     score(tracker, np.stack([a, r]) if np.any(r != a) else a)
-    s, d, wb = group_edges(problem)
+    s, d, wb = problem.traffic()
     cut = float(wb[a[s] != a[d]].sum())
     return {"parts": int(len(acc)), "cut_bytes": cut, "memory_repaired": bool(np.any(r != a))}

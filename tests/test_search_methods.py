@@ -181,6 +181,23 @@ def test_partitioners_cut_the_light_edge(method):
     assert set(a.tolist()) == {1, 2}  # one clique per GPU, nothing on the CPU
 
 
+def test_problem_traffic_is_the_group_edges_computed_once():
+    """Known answer on the two cliques: one light edge between them (8 bytes), and every
+    reader gets the same read-only arrays."""
+    from placetool.search.partition import group_edges
+
+    p = two_cliques()
+    s, d, w = p.traffic()
+    expect = group_edges(p)
+    for x, y in zip((s, d, w), expect):
+        np.testing.assert_array_equal(x, y)
+    cross = (s < 5) != (d < 5)
+    assert cross.sum() == 1 and w[cross].tolist() == [8.0]
+    assert all(x is y for x, y in zip(p.traffic(), (s, d, w)))
+    with pytest.raises(ValueError):
+        w[0] = 1.0
+
+
 def test_sct_favourite_child_known_answers():
     # chain: every edge is co-located (x = 0); fork: the heavier edge is the favourite
     nodes = {"p": {"out_bytes": 0, "flops": 1e9}, "a": {"out_bytes": 0, "flops": 1e9},
