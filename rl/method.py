@@ -79,8 +79,9 @@ GDP_SEARCH_DEFAULTS = {"lr": 0.0, "baseline": "loo", "residual_optimizer": "sgd"
 #: With sa's ``region`` moves among the compound kinds, drawn by sa's adaptive odds, the
 #: minute ended better than sa's on gnmt8 on 3 of 3 seeds (2.3-4.7%) and on inception_v3 on
 #: 2 of 3 (1.4-1.5%; 0.6% behind on the third), and 0.2-1.0% behind on transformer; region
-#: moves without ``follow`` stalled gnmt8, and from scratch the three did not help (nmt 1.5%
-#: worse, gnmt4 0.2% better) (benchmarks/README.md, "The mode follows the best sample ...")
+#: moves without ``follow`` stalled gnmt8. A search from scratch keeps its slower mode:
+#: ``follow`` there cost nmt 4-5% on 2 seeds (gnmt4 0.8-1.1% better) (benchmarks/README.md,
+#: "The mode follows the best sample ...")
 FINE_TUNE_DEFAULTS = {"merge": True, "compound_until": 1.0, "follow": True, "compound_kinds": "chain,pull,swap,region",
                       "compound_adapt": True}
 #: the table's step size without a warm start: logits start near 0, where steps of 20
