@@ -94,13 +94,12 @@ class TrainConfig:
         kinds = cfg.kinds()
         bad = sorted(set(kinds) - set(CriticalMoves.KINDS))
         if bad or not kinds:
-            raise UserError(f"rl: compound_kinds {cfg.compound_kinds!r}: unknown kind(s) {', '.join(bad) or '(none given)'} "
-                            f"(known: {', '.join(CriticalMoves.KINDS)})")
+            raise UserError(f"rl: compound_kinds {cfg.compound_kinds!r}: unknown kind(s) "
+                            f"{', '.join(bad) or '(none given)'} (known: {', '.join(CriticalMoves.KINDS)})")
         if not cfg.compound_from <= cfg.compound_until:
             raise UserError(f"rl: compound_until must be a fraction of the budget in [compound_from, 1], "
                             f"got {cfg.compound_until!r}")
         return cfg
-
 
     def kinds(self) -> tuple[str, ...]:
         """The compound kinds as a tuple."""
@@ -248,8 +247,8 @@ class _FrozenNetTable:
         """Make ``a`` (one device per atom) the mode: on each atom where it differs, the
         logits of the old and the new mode's device trade places, so the chances to leave
         and where to go keep their shape around the new mode. Returns how many atoms moved."""
-        old = self.greedy()[0]
-        g = np.flatnonzero((np.asarray(a) != old) & self.mask[np.arange(self.n), a])
+        a, old = np.asarray(a), self.greedy()[0]
+        g = np.flatnonzero((a != old) & self.mask[np.arange(self.n), a])
         if g.size:
             lg = self.net[g] + self.table[g]
             d = lg[np.arange(g.size), old[g]] - lg[np.arange(g.size), a[g]]
