@@ -50,6 +50,20 @@ def tiny():
     return p, brute_force(p)
 
 
+def frozen_table(p, table):
+    """The tests' small gdp network on ``p`` with the residual ``table`` (atoms x devices),
+    as the frozen-network search path holds it: (policy, atoms, observation, table)."""
+    from types import SimpleNamespace
+
+    from placetool.rl import policies
+    from placetool.rl.trainer import _FrozenNetTable
+
+    pol = policies.make("gdp", p.n_devices, seed=5, hidden=16)
+    atoms = pol.atoms_for(p)
+    obs = pol.obs(atoms, [np.asarray(table(atoms.n) if callable(table) else table, np.float32)])
+    return pol, atoms, obs, _FrozenNetTable(pol, SimpleNamespace(obs=obs, residual_vars=[obs["bias"]], atoms=atoms))
+
+
 def _greedy_step(trainer):
     t = trainer.tasks[0]
     a = trainer.policy.assignment(t.atoms, trainer.policy.greedy(t.obs))[0]
@@ -495,17 +509,9 @@ def test_frozen_sampler_draws_from_the_policy_with_its_prior(tiny, dense):
     draws from softmax(net + table + prior) exactly, whichever way it picks the atoms that
     leave: frequencies within 5 standard errors, never a masked device; the mode ignores
     the prior."""
-    from types import SimpleNamespace
-
-    from placetool.rl import policies
-    from placetool.rl.trainer import _FrozenNetTable
-
     p, _ = tiny
-    pol = policies.make("gdp", p.n_devices, seed=5, hidden=16)
-    atoms = pol.atoms_for(p)
     rng = np.random.default_rng(1)
-    obs = pol.obs(atoms, [rng.normal(0, 2, (atoms.n, p.n_devices)).astype(np.float32)])
-    fz = _FrozenNetTable(pol, SimpleNamespace(obs=obs, residual_vars=[obs["bias"]], atoms=atoms))
+    _, atoms, _, fz = frozen_table(p, lambda n: rng.normal(0, 2, (n, p.n_devices)))
     fz.dense = dense
     mode = fz.greedy()[0]
     K = 40_000
@@ -774,17 +780,9 @@ def test_frozen_table_adopt_moves_the_mode_and_keeps_the_odds_around_it(tiny):
     """``adopt(a)`` makes ``a`` the mode by trading the logits of the old and the new
     mode's device on each atom that moves: each atom's probabilities are the same numbers,
     those two swapped; a device an atom may not use is never adopted."""
-    from types import SimpleNamespace
-
-    from placetool.rl import policies
-    from placetool.rl.trainer import _FrozenNetTable
-
     p, _ = tiny
-    pol = policies.make("gdp", p.n_devices, seed=5, hidden=16)
-    atoms = pol.atoms_for(p)
     rng = np.random.default_rng(2)
-    obs = pol.obs(atoms, [rng.normal(0, 2, (atoms.n, p.n_devices)).astype(np.float32)])
-    fz = _FrozenNetTable(pol, SimpleNamespace(obs=obs, residual_vars=[obs["bias"]], atoms=atoms))
+    _, atoms, _, fz = frozen_table(p, lambda n: rng.normal(0, 2, (n, p.n_devices)))
     old, before = fz.greedy()[0].copy(), fz.probs().copy()
     a = old.copy()
     multi = np.flatnonzero(atoms.allowed.sum(axis=1) > 1)
@@ -809,14 +807,10 @@ def test_rl_follow_moves_the_mode_to_the_best_row_that_beats_it(tiny):
     mode's step time; otherwise the mode stays."""
     from types import SimpleNamespace
 
-    from placetool.rl import policies
-    from placetool.rl.trainer import Trainer, _FrozenNetTable
+    from placetool.rl.trainer import Trainer
 
     p, _ = tiny
-    pol = policies.make("gdp", p.n_devices, seed=5, hidden=16)
-    atoms = pol.atoms_for(p)
-    obs = pol.obs(atoms, [np.zeros((atoms.n, p.n_devices), np.float32)])
-    fz = _FrozenNetTable(pol, SimpleNamespace(obs=obs, residual_vars=[obs["bias"]], atoms=atoms))
+    _, atoms, _, fz = frozen_table(p, lambda n: np.zeros((n, p.n_devices)))
     mode = fz.greedy()[0].copy()
     task = SimpleNamespace(frozen=fz, guide_mode=mode, guide=SimpleNamespace(path=SimpleNamespace(step_time_us=100.0)))
     acts = np.repeat(mode[None], 3, axis=0)
