@@ -67,7 +67,7 @@ _DEFER_IN = tuple(os.path.join(*parts) for parts in [
     ("numba", "core", "caching.py"), ("numba", "core", "serialize.py")]) + ("<frozen importlib.",)
 #: frames of code that is no place for a raise of its own but runs between calls that are
 #: (numba, llvmlite, the import machinery): a waiting signal is raised past them
-_INTERNAL = (os.path.join(os.sep, "numba", ""), os.path.join(os.sep, "llvmlite", ""), "<frozen importlib.")
+_INTERNAL = (os.path.join(os.sep, "numba", ""),) + _DEFER_IN
 #: while a signal waits: (its exception class, the SIGALRM handler to put back, the frame
 #: traced to raise it in, the trace function to put back)
 _pending = None
