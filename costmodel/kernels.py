@@ -44,11 +44,16 @@ binary heap's push and pop (synthetic-10k, random placements: 868 instructions a
 branch misses per op, against 929 and 17.2 with the heap). Its compares take the times'
 bit patterns as int64 (event times are finite and never negative, so they order alike).
 
-Ready queues: per device, a heap of int64 op keys ``(epoch << 32) | rank`` (the epoch
-counts distinct event instants; ready times only grow, so (epoch, rank) orders exactly
-like (ready time, rank)), and a heap of send/receive tasks keyed by ``(epoch << 32 |
-producer rank, (tensor * D + destination) * 2 + kind - 1)``. Both are slices of shared
-buffers, sized by how many ops (tasks) each device can hold.
+Ready queues: per device, a sorted array of int64 op keys ``(epoch << 32) | rank`` (the
+epoch counts distinct event instants; ready times only grow, so (epoch, rank) orders
+exactly like (ready time, rank)), and a heap of send/receive tasks keyed by ``(epoch << 32
+| producer rank, (tensor * D + destination) * 2 + kind - 1)``. Both are slices of shared
+buffers, sized by how many ops (tasks) each device can hold. A new op key is never below a
+key of an earlier instant, so it is inserted by a short scan back from the end
+(:func:`readyq_push`), and the next op is the slice's first: a pop moves the slice's start
+(``rq_base``) one on. A binary heap had sifted through ~7 levels per pop on the zoo graphs,
+whose devices hold a hundred or more ready ops at the median pop (variables and constants
+are all ready at time 0).
 """
 
 from __future__ import annotations
@@ -152,47 +157,23 @@ def heap_pop(ev_t, ev_k, ev_id, size):
 
 
 @njit(cache=True)
-def keyheap_push(heap, base, size, key):
-    """Push an int64 key onto a device's ready heap heap[base:base+size] (a min-heap)."""
+def readyq_push(rq, base, size, key):
+    """Insert an int64 key into a device's ready queue rq[base:base+size], kept sorted
+    (the next op first).
+
+    Keys only grow in their epoch (the high half), so a new key belongs after every key
+    of an earlier instant: the scan back stops at the first of them, after passing only
+    the keys of this instant with a higher rank (usually none)."""
     h = U64(base)
     j = U64(size)
     while j > 0:
-        parent = (j - U64(1)) >> U64(1)
-        q = heap[h + parent]
+        q = rq[h + j - U64(1)]
         if key < q:
-            heap[h + j] = q
-            j = parent
+            rq[h + j] = q
+            j -= U64(1)
         else:
             break
-    heap[h + j] = key
-
-
-@njit(cache=True)
-def keyheap_pop(heap, base, size):
-    """Pop the smallest key of a device's ready heap (``size`` is the size before popping)."""
-    h = U64(base)
-    top = heap[h]
-    n = U64(size - 1)
-    last = heap[h + n]
-    j = U64(0)
-    while True:
-        c = U64(2) * j + U64(1)
-        if c >= n:
-            break
-        a = heap[h + c]
-        if c + U64(1) < n:
-            b = heap[h + c + U64(1)]
-            if b < a:
-                c += U64(1)
-                a = b
-        if a < last:
-            heap[h + j] = a
-            j = c
-        else:
-            break
-    if n > 0:
-        heap[h + j] = last
-    return top
+    rq[h + j] = key
 
 
 # ------------------------------------------------------------------- packing
@@ -246,8 +227,8 @@ class Work(NamedTuple):
     seg: np.ndarray  # int64 [D] live peak since the last checkpoint
     busy: np.ndarray  # float64 [D]
     running: np.ndarray  # bool [D]
-    rq: np.ndarray  # int64 [n] ready-op heaps, one slice per device
-    rq_base: np.ndarray  # [D]
+    rq: np.ndarray  # int64 [n] ready-op keys, one sorted slice per device
+    rq_base: np.ndarray  # [D] start of each slice (moves on as ops are popped)
     rq_size: np.ndarray  # [D]
     tq_k1: np.ndarray  # int64 task heaps: (epoch << 32) | producer rank
     tq_k2: np.ndarray  # int64 (tensor * D + destination) * 2 + kind - 1
@@ -380,8 +361,12 @@ def make_base(nt, n_data, D):
 # ------------------------------------------------------------------ set-up
 @njit(cache=True)
 def set_bases(net, w, placement):
-    """Slice the ready-op and task heap buffers by device for ``placement``, and
-    gather each op's time on its device into ``w.tp``."""
+    """Slice the ready-op and task buffers by device for ``placement``, and gather
+    each op's time on its device into ``w.tp``.
+
+    Device d's ready slice starts with room for all its ops; popping moves its start
+    on, and since each op is queued at most once a run (or after a restore, once beside
+    those restored), pushes never pass the next device's slice."""
     net_in_ptr = net.in_ptr
     net_op_tensor_ptr = net.op_tensor_ptr
     net_tensor_ptr = net.tensor_ptr
@@ -422,7 +407,7 @@ def set_bases(net, w, placement):
 def init_fresh(net, w, placement):
     """The state at time 0 before the first dispatch."""
     net_n_inputs = net.n_inputs
-    net_rank = net.rank
+    net_topo_order = net.topo_order
     w_busy = w.busy
     w_epoch_time = w.epoch_time
     w_link_busy = w.link_busy
@@ -462,9 +447,11 @@ def init_fresh(net, w, placement):
     for op in range(n):
         w_missing[op] = net_n_inputs[op]
         w_out_refs[op] = 0
+    for r in range(n):  # in rank order, so that each key goes to the end of its queue
+        op = net_topo_order[r]
         if w_missing[op] == 0:
             d = U64(placement[op])
-            keyheap_push(w_rq, w_rq_base[d], w_rq_size[d], np.int64(net_rank[op]))
+            w_rq[w_rq_base[d] + w_rq_size[d]] = np.int64(r)
             w_rq_size[d] += 1
     w_epoch_time[0] = 0.0
     w_sent[:] = -1
@@ -584,7 +571,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 n_ev = evq_push(ev_b, ev_k, ev_id, n_ev, time_bits(ev_t, ev_b, n_ev, now + dur),
                                  (SEND_DONE + 2 * recv) * key_span + x, x)
             elif rq_size[U64(d)] > 0:
-                op = topo_order[U64(keyheap_pop(rq, rq_base[U64(d)], rq_size[U64(d)]) & LOW)]
+                op = topo_order[U64(rq[U64(rq_base[U64(d)])] & LOW)]
+                rq_base[U64(d)] += 1  # the slice's free room moves to its front (see set_bases)
                 rq_size[U64(d)] -= 1
                 running[U64(d)] = True
                 end = now + tp[U64(op)]
@@ -695,7 +683,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                             missing[U64(c)] -= 1
                             wm -= rank[U64(c)] + 1
                             if missing[U64(c)] == 0:
-                                keyheap_push(rq, rq_base[U64(dc)], rq_size[U64(dc)], (epoch << 32) | rank[U64(c)])
+                                readyq_push(rq, rq_base[U64(dc)], rq_size[U64(dc)], (epoch << 32) | rank[U64(c)])
                                 rq_size[U64(dc)] += 1
                             continue
                         x = sent[U64(dc)]
@@ -734,7 +722,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                     wm -= rank[U64(c)] + 1
                     if missing[U64(c)] == 0:
                         dc = placement[U64(c)]
-                        keyheap_push(rq, rq_base[U64(dc)], rq_size[U64(dc)], (epoch << 32) | rank[U64(c)])
+                        readyq_push(rq, rq_base[U64(dc)], rq_size[U64(dc)], (epoch << 32) | rank[U64(c)])
                         rq_size[U64(dc)] += 1
                         if not running[U64(dc)] and not dev_pending[U64(dc)]:
                             dev_pending[U64(dc)] = True
@@ -797,7 +785,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         missing[U64(c)] -= 1
                         wm -= rank[U64(c)] + 1
                         if missing[U64(c)] == 0:
-                            keyheap_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)])
+                            readyq_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)])
                             rq_size[U64(dd)] += 1
                             if not running[U64(dd)] and not dev_pending[U64(dd)]:
                                 dev_pending[U64(dd)] = True
@@ -819,7 +807,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         missing[U64(c)] -= 1
                         wm -= rank[U64(c)] + 1
                         if missing[U64(c)] == 0:
-                            keyheap_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)])
+                            readyq_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)])
                             rq_size[U64(dd)] += 1
     if ck is not None:
         if record and next_ck > 0 and matched < 0:
@@ -1031,7 +1019,7 @@ def restore(net, w, ck, base, j, placement):
     """Load checkpoint ``j`` under ``placement`` (the base run's transfers keep their ids).
 
     Valid when no op whose device changed has been touched before the checkpoint: it
-    is in no ready heap, running, or an input's destination yet.
+    is in no ready queue, running, or an input's destination yet.
     """
     base_x_dst = base.x_dst
     base_x_src = base.x_src
@@ -1111,7 +1099,7 @@ def restore(net, w, ck, base, j, placement):
     for op in range(n):
         w_missing[op] = ck_op[j, 0, op]
         w_out_refs[op] = ck_op[j, 1, op]
-    # heaps: the stored slices, re-based for this placement (pop order depends only on keys)
+    # queues and heaps: the stored slices (the ready queues sorted), re-based for this placement
     k = 0
     for d in range(D):
         for i in range(w_rq_size[d]):
@@ -1226,7 +1214,7 @@ def converged(net, ck, base, j, w, placement, moved_ops, n_ev, n_x, key_span, wm
                 break
         if not found:
             return False
-    # ready heaps: same ops (by rank) with the same ready times on each device
+    # ready queues: same ops (by rank) with the same ready times on each device
     k = 0
     for d in range(D):
         for i in range(w_rq_size[d]):

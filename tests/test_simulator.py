@@ -324,6 +324,33 @@ def test_the_event_queue_hands_events_out_by_time_then_key(ops):
     assert sorted(zip(b[:n], k[:n], ids[:n]), reverse=True) == list(zip(b[:n], k[:n], ids[:n]))
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.permutations(range(12)), st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=40))
+def test_a_ready_queue_hands_ops_out_by_epoch_then_rank(ranks, steps):
+    """Ops queued as the loop queues them (each op once, the epoch never going back) and
+    popped as it pops them (the slice's start moves on): each pop is the least pending
+    (epoch, rank), and the slice never grows past the room of one entry per op."""
+    from placetool.costmodel.kernels import readyq_push
+
+    room = len(ranks)
+    rq = np.full(room + 1, -1, np.int64)  # the last entry stands for the next device's slice
+    base, size, epoch, pending, todo = 0, 0, 0, [], list(ranks)
+    for pop, next_epoch in steps:
+        epoch += next_epoch
+        if pop and size:
+            least = min(pending)
+            pending.remove(least)
+            assert rq[base] == least
+            base, size = base + 1, size - 1
+        elif todo:
+            key = (epoch << 32) | todo.pop()
+            readyq_push(rq, base, size, np.int64(key))
+            size += 1
+            pending.append(key)
+        assert base + size <= room and rq[room] == -1
+        assert list(rq[base:base + size]) == sorted(pending)
+
+
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
