@@ -46,17 +46,18 @@ entry = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
 # The event loop (kernels._run) is a function of its own in simulate_full's code library,
 # and code loaded from numba's cache has no symbol names to look up: find the functions
 # simulate_full calls (absolute targets loaded by movabs, then called) and dump from
-# simulate_full to past the last of them, within its memory mapping.
+# the first of them (the loader may place a callee below simulate_full) to past the
+# last, within its memory mapping.
 import re, subprocess
 open(out + "/entry.bin", "wb").write(ctypes.string_at(entry, 0x4000))
 dis = subprocess.run(["objdump", "-D", "-b", "binary", "-m", "i386:x86-64", "-M", "intel", "--no-show-raw-insn",
                       out + "/entry.bin"], check=True, capture_output=True, text=True).stdout
 targets = [int(m, 16) for m in re.findall(r"movabs\s+\w+,0x([0-9a-f]+)", dis)]
-targets = [t for t in targets if 0 < t - entry < 1 << 24]
+targets = [t for t in targets if 0 < abs(t - entry) < 1 << 24]
 maps = [tuple(int(x, 16) for x in ln.split()[0].split("-")) for ln in open("/proc/self/maps")]
-last = max(targets + [entry])
+first, last = min(targets + [entry]), max(targets + [entry])
 end = min(last + {size}, next(hi for lo, hi in maps if lo <= last < hi))
-addr, size = entry, end - entry
+addr, size = first, end - first
 open(out + "/code.bin", "wb").write(ctypes.string_at(addr, size))
 json.dump({{"addr": addr, "size": size}}, open(out + "/addr.json", "w"))
 t, k = time.perf_counter(), 0
