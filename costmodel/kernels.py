@@ -46,14 +46,14 @@ bit patterns as int64 (event times are finite and never negative, so they order 
 
 Ready queues: per device, a sorted array of int64 op keys ``(epoch << 32) | rank`` (the
 epoch counts distinct event instants; ready times only grow, so (epoch, rank) orders
-exactly like (ready time, rank)), and a heap of send/receive tasks keyed by ``(epoch << 32
-| producer rank, (tensor * D + destination) * 2 + kind - 1)``. Both are slices of shared
-buffers, sized by how many ops (tasks) each device can hold. A new op key is never below a
-key of an earlier instant, so it is inserted by a short scan back from the end
-(:func:`readyq_push`), and the next op is the slice's first: a pop moves the slice's start
-(``rq_base``) one on. A binary heap had sifted through ~7 levels per pop on the zoo graphs,
-whose devices hold a hundred or more ready ops at the median pop (variables and constants
-are all ready at time 0).
+exactly like (ready time, rank)), and a sorted array of send/receive tasks keyed by
+``(epoch << 32 | producer rank, (tensor * D + destination) * 2 + kind - 1)``. Both are
+slices of shared buffers, sized by how many ops (tasks) each device can hold. A new key is
+never below a key of an earlier instant, so it is inserted by a short scan back from the
+end (:func:`readyq_push`, :func:`taskq_push`), and the next entry is the slice's first: a
+pop moves the slice's start (``rq_base``, ``tq_base``) one on. Binary heaps had sifted
+through ~7 levels per pop on the zoo graphs, whose devices hold a hundred or more ready
+ops on average at a pop (variables and constants are all ready at time 0).
 """
 
 from __future__ import annotations
@@ -72,7 +72,9 @@ LOW = np.int64(0xFFFFFFFF)
 U64 = np.uint64
 
 
-# --------------------------------------------------------------------- heaps
+# ---------------------------------------------------------- queues and heaps
+# heap_push / heap_pop: a binary heap over three parallel arrays, used by the list
+# schedulers (search.listsched); the event loop's queues are sorted arrays (below).
 @njit(cache=True, inline="always")
 def _less(ta, ka, tb, kb):
     return ta < tb or (ta == tb and ka < kb)
@@ -176,6 +178,27 @@ def readyq_push(rq, base, size, key):
     rq[h + j] = key
 
 
+@njit(cache=True)
+def taskq_push(k1, k2, ids, base, size, a, b, i):
+    """Insert task (a, b) -> i into a device's task queue, the slices [base:base+size]
+    of ``k1``, ``k2`` and ``ids`` kept sorted by (a, b), the next task first. Like
+    :func:`readyq_push`: ``a`` never goes back in epoch, so the scan back is short."""
+    h = U64(base)
+    j = U64(size)
+    while j > 0:
+        q = k1[h + j - U64(1)]
+        if a < q or (a == q and b < k2[h + j - U64(1)]):
+            k1[h + j] = q
+            k2[h + j] = k2[h + j - U64(1)]
+            ids[h + j] = ids[h + j - U64(1)]
+            j -= U64(1)
+        else:
+            break
+    k1[h + j] = a
+    k2[h + j] = b
+    ids[h + j] = i
+
+
 # ------------------------------------------------------------------- packing
 class Net(NamedTuple):
     """The graph on the cluster, as the engine reads it (index arrays are int32)."""
@@ -230,10 +253,10 @@ class Work(NamedTuple):
     rq: np.ndarray  # int64 [n] ready-op keys, one sorted slice per device
     rq_base: np.ndarray  # [D] start of each slice (moves on as ops are popped)
     rq_size: np.ndarray  # [D]
-    tq_k1: np.ndarray  # int64 task heaps: (epoch << 32) | producer rank
+    tq_k1: np.ndarray  # int64 task queues, one sorted slice per device: (epoch << 32) | producer rank
     tq_k2: np.ndarray  # int64 (tensor * D + destination) * 2 + kind - 1
     tq_id: np.ndarray  # transfer * 2 + kind - 1
-    tq_base: np.ndarray  # [D]
+    tq_base: np.ndarray  # [D] start of each slice (moves on as tasks are popped)
     tq_size: np.ndarray  # [D]
     epoch_time: np.ndarray  # float64: time of each distinct event instant
     missing: np.ndarray  # [n] inputs not yet on the op's device
@@ -321,7 +344,7 @@ class Checkpoints(NamedTuple):
     x: np.ndarray  # [C, 2, n_data] refs, next
     seg: np.ndarray  # [C, D] live peak of the segment that starts at each checkpoint
     alive: np.ndarray  # [C] transfers with refs > 0
-    tq_k1: np.ndarray  # [P] pool of saved task heaps (checkpoint j at i[j, 6], i[j, 7] long)
+    tq_k1: np.ndarray  # [P] pool of saved task queues (checkpoint j at i[j, 6], i[j, 7] long)
     tq_k2: np.ndarray
     tq_id: np.ndarray
     tq_ready: np.ndarray
@@ -556,9 +579,9 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 continue
             if has_tasks and tq_size[U64(d)] > 0 and (rq_size[U64(d)] == 0
                                                       or tq_k1[U64(tq_base[U64(d)])] < rq[U64(rq_base[U64(d)])]):
-                b0 = tq_base[U64(d)]
-                task = tq_id[U64(b0)]
-                tq_size[U64(d)] = heap_pop(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[U64(d)])
+                task = tq_id[U64(tq_base[U64(d)])]
+                tq_base[U64(d)] += 1
+                tq_size[U64(d)] -= 1
                 x = task >> 1
                 recv = task & 1
                 b = tensor_bytes[U64(x_tensor[U64(x)])]
@@ -701,9 +724,9 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         refs += 1
                         if has_tasks and xcost[0, U64(d)] + tensor_bytes[U64(t)] * xcost[1, U64(d)] != 0.0:
                             x_next[U64(x)] = -1
-                            b0 = tq_base[U64(d)]
-                            tq_size[U64(d)] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[U64(d)],
-                                                   (epoch << 32) | rank[U64(op)], (t * D + dc) * 2, x * 2)
+                            taskq_push(tq_k1, tq_k2, tq_id, tq_base[U64(d)], tq_size[U64(d)],
+                                       (epoch << 32) | rank[U64(op)], (t * D + dc) * 2, x * 2)
+                            tq_size[U64(d)] += 1
                             continue
                         l = d * D + dc
                         x_next[U64(x)] = -1
@@ -771,9 +794,9 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 if out_refs[U64(prod)] == 0:
                     live[U64(s)] -= out_bytes[U64(prod)]
                 if has_tasks and xcost[2, U64(dd)] + tensor_bytes[U64(t)] * xcost[3, U64(dd)] != 0.0:
-                    b0 = tq_base[U64(dd)]
-                    tq_size[U64(dd)] = heap_push(tq_k1[b0:], tq_k2[b0:], tq_id[b0:], tq_size[U64(dd)],
-                                            (epoch << 32) | rank[U64(prod)], (t * D + dd) * 2 + 1, x * 2 + 1)
+                    taskq_push(tq_k1, tq_k2, tq_id, tq_base[U64(dd)], tq_size[U64(dd)],
+                               (epoch << 32) | rank[U64(prod)], (t * D + dd) * 2 + 1, x * 2 + 1)
+                    tq_size[U64(dd)] += 1
                     if not running[U64(dd)] and not dev_pending[U64(dd)]:
                         dev_pending[U64(dd)] = True
                         dpend[U64(n_dpend)] = dd
@@ -1099,7 +1122,7 @@ def restore(net, w, ck, base, j, placement):
     for op in range(n):
         w_missing[op] = ck_op[j, 0, op]
         w_out_refs[op] = ck_op[j, 1, op]
-    # queues and heaps: the stored slices (the ready queues sorted), re-based for this placement
+    # queues: the stored slices, sorted, re-based for this placement
     k = 0
     for d in range(D):
         for i in range(w_rq_size[d]):
@@ -1232,7 +1255,7 @@ def converged(net, ck, base, j, w, placement, moved_ops, n_ev, n_x, key_span, wm
             k += 1
         if not ok:
             return False
-    # task heaps: same tasks (by tensor, destination, kind) with the same ready times
+    # task queues: same tasks (by tensor, destination, kind) with the same ready times
     k = ck_i[j, 6]
     for d in range(D):
         for i in range(w_tq_size[d]):

@@ -351,6 +351,34 @@ def test_a_ready_queue_hands_ops_out_by_epoch_then_rank(ranks, steps):
         assert list(rq[base:base + size]) == sorted(pending)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.permutations([(r, k) for r in range(3) for k in range(4)]),
+       st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=40))
+def test_a_task_queue_hands_tasks_out_by_epoch_producer_then_tensor(tasks, steps):
+    """As the ready queue, with the loop's two keys per task: (epoch << 32 | producer
+    rank) first, then (tensor, destination, kind); the task's id travels with them."""
+    from placetool.costmodel.kernels import taskq_push
+
+    room = len(tasks)
+    k1, k2, ids = (np.full(room + 1, -1, np.int64) for _ in range(3))
+    base, size, epoch, pending, todo = 0, 0, 0, [], list(tasks)
+    for pop, next_epoch in steps:
+        epoch += next_epoch
+        if pop and size:
+            least = min(pending)
+            pending.remove(least)
+            assert (k1[base], k2[base], ids[base]) == least
+            base, size = base + 1, size - 1
+        elif todo:
+            r, k = todo.pop()
+            a, b = (epoch << 32) | r, k
+            taskq_push(k1, k2, ids, base, size, np.int64(a), np.int64(b), np.int64(7 * a + b))
+            size += 1
+            pending.append((a, b, 7 * a + b))
+        assert base + size <= room and k1[room] == -1
+        assert list(zip(k1[base:base + size], k2[base:base + size], ids[base:base + size])) == sorted(pending)
+
+
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
