@@ -4,6 +4,7 @@
     python benchmarks/simulator.py --json     # {"rows": [...], "first_call": {...}}
     python benchmarks/simulator.py --callgrind --graphs synthetic-10k   # instructions per placement
     python benchmarks/simulator.py --threads 1,2,4,8,16 --batch 256     # batch scaling with cores
+    python benchmarks/simulator.py --graphs inception_v3,nmt              # zoo graphs
 
 Per graph (synthetic-1k/10k/50k on k80x4, random group assignments), measured side by
 side in one run: ms per placement of ``CostModel.simulate`` (compiled) and of the
@@ -135,9 +136,9 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", default="",
                     help="also batch throughput at these thread counts, e.g. 1,2,4,8,16 (scaling with cores)")
     args = ap.parse_args(argv)
-    if args.callgrind:
-        from placetool.costmodel import presets
+    from placetool.costmodel import presets
 
+    if args.callgrind:
         for name in args.graphs.split(","):
             setup = CALLGRIND_SETUP.format(graph=name, cluster=args.cluster)
             per = callgrind_instructions(setup, "cm.simulate(P[i % 8])", args.callgrind_reps)
@@ -151,7 +152,7 @@ def main(argv=None) -> None:
         cached_s = first_call_seconds(cache)  # cache written by the first run: loads
     rows = []
     for name in args.graphs.split(","):
-        n = int(name.split("-")[1].rstrip("k")) * (1000 if name.endswith("k") else 1)
+        n = presets.load_graph(name).n_ops  # any graph: a preset (synthetic-10k, inception_v3) or a file
         rows.append(bench_graph(name, args.cluster, ref_reps=1 if n > 20_000 else 3,
                                 reps=50 if n <= 10_000 else 10, batch=args.batch,
                                 threads=[int(t) for t in args.threads.split(",") if t]))
