@@ -387,9 +387,10 @@ def set_bases(net, w, placement):
     """Slice the ready-op and task buffers by device for ``placement``, and gather
     each op's time on its device into ``w.tp``.
 
-    Device d's ready slice starts with room for all its ops; popping moves its start
-    on, and since each op is queued at most once a run (or after a restore, once beside
-    those restored), pushes never pass the next device's slice."""
+    Device d's ready slice starts with room for all its ops, and its task slice with
+    room for all the tasks it can be given; popping moves a slice's start on, and since
+    each op (task) is queued at most once a run, or after a restore at most once beside
+    those restored, pushes never pass the next device's slice."""
     net_in_ptr = net.in_ptr
     net_op_tensor_ptr = net.op_tensor_ptr
     net_tensor_ptr = net.tensor_ptr
