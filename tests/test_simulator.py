@@ -324,31 +324,42 @@ def test_the_event_queue_hands_events_out_by_time_then_key(ops):
     assert sorted(zip(b[:n], k[:n], ids[:n]), reverse=True) == list(zip(b[:n], k[:n], ids[:n]))
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.permutations(range(12)), st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=40))
-def test_a_ready_queue_hands_ops_out_by_epoch_then_rank(ranks, steps):
-    """Ops queued as the loop queues them (each op once, the epoch never going back) and
-    popped as it pops them (the slice's start moves on): each pop is the least pending
-    (epoch, rank), and the slice never grows past the room of one entry per op."""
-    from placetool.costmodel.kernels import readyq_push
-
-    room = len(ranks)
-    rq = np.full(room + 1, -1, np.int64)  # the last entry stands for the next device's slice
-    base, size, epoch, pending, todo = 0, 0, 0, [], list(ranks)
+def drive_sorted_queue(items, steps, push, entry, room_free):
+    """Queue ``items`` as the loop queues them (each once, the epoch never going back)
+    and pop as it pops them (the slice's start moves on), by ``steps`` of (pop?, next
+    epoch?): each pop must be the least pending entry, the slice sorted, and the room
+    of one entry per item never outgrown (``room_free()``: the entry past it untouched).
+    ``push(base, size, epoch, item)`` returns the entry it queued; ``entry(j)`` reads
+    position j."""
+    base, size, epoch, pending, todo = 0, 0, 0, [], list(items)
     for pop, next_epoch in steps:
         epoch += next_epoch
         if pop and size:
             least = min(pending)
             pending.remove(least)
-            assert rq[base] == least
+            assert entry(base) == least
             base, size = base + 1, size - 1
         elif todo:
-            key = (epoch << 32) | todo.pop()
-            readyq_push(rq, base, size, np.int64(key))
+            pending.append(push(base, size, epoch, todo.pop()))
             size += 1
-            pending.append(key)
-        assert base + size <= room and rq[room] == -1
-        assert list(rq[base:base + size]) == sorted(pending)
+        assert base + size <= len(items) and room_free()
+        assert [entry(j) for j in range(base, base + size)] == sorted(pending)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.permutations(range(12)), st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=40))
+def test_a_ready_queue_hands_ops_out_by_epoch_then_rank(ranks, steps):
+    """A device's ready queue (``readyq_push``, the loop's pop) hands ops out by (epoch,
+    rank) and stays within one entry per op."""
+    from placetool.costmodel.kernels import readyq_push
+
+    rq = np.full(len(ranks) + 1, -1, np.int64)  # the last entry stands for the next device's slice
+
+    def push(base, size, epoch, rank):
+        readyq_push(rq, base, size, np.int64((epoch << 32) | rank))
+        return (epoch << 32) | rank
+
+    drive_sorted_queue(ranks, steps, push, lambda j: rq[j], lambda: rq[-1] == -1)
 
 
 @settings(max_examples=100, deadline=None)
@@ -359,24 +370,14 @@ def test_a_task_queue_hands_tasks_out_by_epoch_producer_then_tensor(tasks, steps
     rank) first, then (tensor, destination, kind); the task's id travels with them."""
     from placetool.costmodel.kernels import taskq_push
 
-    room = len(tasks)
-    k1, k2, ids = (np.full(room + 1, -1, np.int64) for _ in range(3))
-    base, size, epoch, pending, todo = 0, 0, 0, [], list(tasks)
-    for pop, next_epoch in steps:
-        epoch += next_epoch
-        if pop and size:
-            least = min(pending)
-            pending.remove(least)
-            assert (k1[base], k2[base], ids[base]) == least
-            base, size = base + 1, size - 1
-        elif todo:
-            r, k = todo.pop()
-            a, b = (epoch << 32) | r, k
-            taskq_push(k1, k2, ids, base, size, np.int64(a), np.int64(b), np.int64(7 * a + b))
-            size += 1
-            pending.append((a, b, 7 * a + b))
-        assert base + size <= room and k1[room] == -1
-        assert list(zip(k1[base:base + size], k2[base:base + size], ids[base:base + size])) == sorted(pending)
+    k1, k2, ids = (np.full(len(tasks) + 1, -1, np.int64) for _ in range(3))
+
+    def push(base, size, epoch, task):
+        a, b = (epoch << 32) | task[0], task[1]
+        taskq_push(k1, k2, ids, base, size, np.int64(a), np.int64(b), np.int64(7 * a + b))
+        return a, b, 7 * a + b
+
+    drive_sorted_queue(tasks, steps, push, lambda j: (k1[j], k2[j], ids[j]), lambda: k1[-1] == -1)
 
 
 
