@@ -53,7 +53,11 @@ never below a key of an earlier instant, so it is inserted by a short scan back 
 end (:func:`readyq_push`, :func:`taskq_push`), and the next entry is the slice's first: a
 pop moves the slice's start (``rq_base``, ``tq_base``) one on. Binary heaps had sifted
 through ~7 levels per pop on the zoo graphs, whose devices hold a hundred or more ready
-ops on average at a pop (variables and constants are all ready at time 0).
+ops on average at a pop (variables and constants are all ready at time 0). A ready-op
+insertion passes at most ``READY_SCAN`` keys; past that it leaves the slice unsorted
+(``rq_unsorted``) and the slice is sorted once before the device's next pop or a
+checkpoint, so a wide fan-out whose edges list its consumers in falling rank costs a sort,
+not a quadratic number of shifts.
 """
 
 from __future__ import annotations
@@ -158,24 +162,43 @@ def heap_pop(ev_t, ev_k, ev_id, size):
     return size
 
 
+#: the most keys a ready-queue insertion passes before it leaves the slice unsorted
+READY_SCAN = 8
+
+
 @njit(cache=True)
 def readyq_push(rq, base, size, key):
     """Insert an int64 key into a device's ready queue rq[base:base+size], kept sorted
-    (the next op first).
+    (the next op first); False if it left the slice unsorted instead.
 
     Keys only grow in their epoch (the high half), so a new key belongs after every key
     of an earlier instant: the scan back stops at the first of them, after passing only
-    the keys of this instant with a higher rank (usually none)."""
+    the keys of this instant with a higher rank (usually none). An instant that queues
+    many ops on one device in falling rank order would make that quadratic, so past
+    ``READY_SCAN`` keys the key takes the free place where the scan stands, and the
+    caller sorts the slice before its next pop (:func:`readyq_sort`)."""
     h = U64(base)
     j = U64(size)
+    steps = 0
     while j > 0:
         q = rq[h + j - U64(1)]
         if key < q:
+            if steps == READY_SCAN:
+                rq[h + j] = key
+                return False
             rq[h + j] = q
             j -= U64(1)
+            steps += 1
         else:
             break
     rq[h + j] = key
+    return True
+
+
+@njit(cache=True)
+def readyq_sort(rq, base, size):
+    """Sort a device's ready queue that :func:`readyq_push` left unsorted."""
+    rq[base:base + size].sort(kind="mergesort")  # quicksort degrades on the runs readyq_push leaves
 
 
 @njit(cache=True)
@@ -290,6 +313,7 @@ class Work(NamedTuple):
     sent: np.ndarray  # [D] the last transfer made to each device (see the module docstring)
     last_op: np.ndarray  # [D] the op each device started last (traced runs)
     op_prev: np.ndarray  # [n] the op its device started before it, -1 for its first (traced runs)
+    rq_unsorted: np.ndarray  # bool [D] the device's ready queue needs readyq_sort before its next pop
 
 
 @njit(cache=True)
@@ -313,7 +337,7 @@ def make_work(n, nt, n_data, D):
         np.zeros(n1), np.zeros(n1), np.zeros(m), np.zeros(m), np.zeros((m, 4)),
         np.zeros(n1, np.bool_), np.zeros(n1, ip), np.zeros(4, np.int64), np.zeros(2),
         np.zeros(D, np.bool_), np.zeros(D, ip), np.zeros(n1), np.zeros(D, ip),
-        np.full(D, -1, ip), np.full(n1, -1, ip),
+        np.full(D, -1, ip), np.full(n1, -1, ip), np.zeros(D, np.bool_),
     )
 
 
@@ -478,6 +502,7 @@ def init_fresh(net, w, placement):
             w_rq[w_rq_base[d] + w_rq_size[d]] = np.int64(r)
             w_rq_size[d] += 1
     w_epoch_time[0] = 0.0
+    w.rq_unsorted[:] = False
     w_sent[:] = -1
     w_last_op[:] = -1
     w_sc[0] = 0
@@ -525,7 +550,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     ev_b = ev_t.view(np.int64)  # event times as ordered integers (see time_bits)
     op_start, op_end, x_start, x_end, x_task, moved = w.op_start, w.op_end, w.x_start, w.x_end, w.x_task, w.moved
     dev_pending, dpend, tp, sent = w.dev_pending, w.dpend, w.tp, w.sent
-    last_op, op_prev = w.last_op, w.op_prev
+    last_op, op_prev, rq_unsorted = w.last_op, w.op_prev, w.rq_unsorted
 
     D = live.shape[0]
     n = placement.shape[0]
@@ -578,6 +603,9 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
             dev_pending[U64(d)] = False
             if running[U64(d)]:
                 continue
+            if rq_unsorted[U64(d)]:
+                readyq_sort(rq, rq_base[U64(d)], rq_size[U64(d)])
+                rq_unsorted[U64(d)] = False
             if has_tasks and tq_size[U64(d)] > 0 and (rq_size[U64(d)] == 0
                                                       or tq_k1[U64(tq_base[U64(d)])] < rq[U64(rq_base[U64(d)])]):
                 task = tq_id[U64(tq_base[U64(d)])]
@@ -707,7 +735,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                             missing[U64(c)] -= 1
                             wm -= rank[U64(c)] + 1
                             if missing[U64(c)] == 0:
-                                readyq_push(rq, rq_base[U64(dc)], rq_size[U64(dc)], (epoch << 32) | rank[U64(c)])
+                                if not readyq_push(rq, rq_base[U64(dc)], rq_size[U64(dc)], (epoch << 32) | rank[U64(c)]):
+                                    rq_unsorted[U64(dc)] = True
                                 rq_size[U64(dc)] += 1
                             continue
                         x = sent[U64(dc)]
@@ -746,7 +775,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                     wm -= rank[U64(c)] + 1
                     if missing[U64(c)] == 0:
                         dc = placement[U64(c)]
-                        readyq_push(rq, rq_base[U64(dc)], rq_size[U64(dc)], (epoch << 32) | rank[U64(c)])
+                        if not readyq_push(rq, rq_base[U64(dc)], rq_size[U64(dc)], (epoch << 32) | rank[U64(c)]):
+                            rq_unsorted[U64(dc)] = True
                         rq_size[U64(dc)] += 1
                         if not running[U64(dc)] and not dev_pending[U64(dc)]:
                             dev_pending[U64(dc)] = True
@@ -809,7 +839,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         missing[U64(c)] -= 1
                         wm -= rank[U64(c)] + 1
                         if missing[U64(c)] == 0:
-                            readyq_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)])
+                            if not readyq_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)]):
+                                rq_unsorted[U64(dd)] = True
                             rq_size[U64(dd)] += 1
                             if not running[U64(dd)] and not dev_pending[U64(dd)]:
                                 dev_pending[U64(dd)] = True
@@ -831,7 +862,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         missing[U64(c)] -= 1
                         wm -= rank[U64(c)] + 1
                         if missing[U64(c)] == 0:
-                            readyq_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)])
+                            if not readyq_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)]):
+                                rq_unsorted[U64(dd)] = True
                             rq_size[U64(dd)] += 1
     if ck is not None:
         if record and next_ck > 0 and matched < 0:
@@ -1014,6 +1046,9 @@ def save(ck, j, w, placement, now, epoch, clean, n_ev, n_x, makespan, wm, wo):
         ck_op[j, 1, op] = w_out_refs[op]
     k = 0
     for d in range(D):
+        if w.rq_unsorted[d]:  # saved sorted, so a restore needs no flag
+            readyq_sort(w_rq, w_rq_base[d], w_rq_size[d])
+            w.rq_unsorted[d] = False
         for i in range(w_rq_size[d]):
             key = w_rq[w_rq_base[d] + i]
             ck_rq[j, k] = key
@@ -1141,6 +1176,7 @@ def restore(net, w, ck, base, j, placement):
             w_epoch_time[ck_tq_k1[k] >> 32] = ck_tq_ready[k]
             k += 1
     w_epoch_time[ck_i[j, 2]] = ck_f[j, 2]
+    w.rq_unsorted[:] = False  # save sorted the slices it stored
     for x in range(n_x):
         t = base_x_tensor[x]
         w_x_tensor[x] = t

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from placetool.costmodel import Cluster, CostModel, OpGraph, presets, reference
@@ -324,16 +324,18 @@ def test_the_event_queue_hands_events_out_by_time_then_key(ops):
     assert sorted(zip(b[:n], k[:n], ids[:n]), reverse=True) == list(zip(b[:n], k[:n], ids[:n]))
 
 
-def drive_sorted_queue(items, steps, push, entry, room_free):
+def drive_sorted_queue(items, steps, push, entry, room_free, tidy=lambda base, size: None):
     """Queue ``items`` as the loop queues them (each once, the epoch never going back)
     and pop as it pops them (the slice's start moves on), by ``steps`` of (pop?, next
     epoch?): each pop must be the least pending entry, the slice sorted, and the room
     of one entry per item never outgrown (``room_free()``: the entry past it untouched).
     ``push(base, size, epoch, item)`` returns the entry it queued; ``entry(j)`` reads
-    position j."""
+    position j; ``tidy(base, size)`` runs before each pop and check, as the loop sorts
+    a slice a push left unsorted before reading it."""
     base, size, epoch, pending, todo = 0, 0, 0, [], list(items)
     for pop, next_epoch in steps:
         epoch += next_epoch
+        tidy(base, size)
         if pop and size:
             least = min(pending)
             pending.remove(least)
@@ -343,23 +345,56 @@ def drive_sorted_queue(items, steps, push, entry, room_free):
             pending.append(push(base, size, epoch, todo.pop()))
             size += 1
         assert base + size <= len(items) and room_free()
+        tidy(base, size)
         assert [entry(j) for j in range(base, base + size)] == sorted(pending)
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.permutations(range(12)), st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=40))
+@given(st.permutations(range(24)),
+       st.lists(st.tuples(st.sampled_from([False] * 3 + [True]), st.sampled_from([False] * 4 + [True])),
+                min_size=1, max_size=60))
+@example(list(range(24)), [(False, False)] * 24 + [(True, False)] * 24)  # 24 keys of one instant, falling
 def test_a_ready_queue_hands_ops_out_by_epoch_then_rank(ranks, steps):
-    """A device's ready queue (``readyq_push``, the loop's pop) hands ops out by (epoch,
-    rank) and stays within one entry per op."""
-    from placetool.costmodel.kernels import readyq_push
+    """A device's ready queue (``readyq_push``; ``readyq_sort`` when a push passed more
+    than ``READY_SCAN`` keys and left it unsorted; the loop's pop) hands ops out by
+    (epoch, rank) and stays within one entry per op."""
+    from placetool.costmodel.kernels import readyq_push, readyq_sort
 
     rq = np.full(len(ranks) + 1, -1, np.int64)  # the last entry stands for the next device's slice
+    unsorted = [False]
 
     def push(base, size, epoch, rank):
-        readyq_push(rq, base, size, np.int64((epoch << 32) | rank))
+        if not readyq_push(rq, base, size, np.int64((epoch << 32) | rank)):
+            unsorted[0] = True
         return (epoch << 32) | rank
 
-    drive_sorted_queue(ranks, steps, push, lambda j: rq[j], lambda: rq[-1] == -1)
+    def tidy(base, size):
+        if unsorted[0]:
+            readyq_sort(rq, base, size)
+            unsorted[0] = False
+
+    drive_sorted_queue(ranks, steps, push, lambda j: rq[j], lambda: rq[-1] == -1, tidy)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_wide_fan_out_listed_in_falling_rank_runs_as_the_reference(devices):
+    """One op feeding 60 consumers whose edges are listed in falling rank: at its end the
+    ready queues take many keys in falling order (pushes past READY_SCAN leave them
+    unsorted, to be sorted before the next pop), and the run is still the reference's,
+    op by op; the incremental simulator agrees with it too."""
+    n = 60
+    g = OpGraph.from_arrays("fan", [f"op{i}" for i in range(n + 1)], ["MatMul"] * (n + 1), np.full(n + 1, 64),
+                            np.zeros(n, np.int32), np.arange(n, 0, -1), flops=np.arange(1, n + 2) * 1e5)
+    cm = CostModel(g, presets.load_cluster("k80x2"))
+    p = np.ones(n + 1, np.int32)
+    p[1::2] = devices  # devices 1 (and 2)
+    same_as_reference(cm, p, cm.simulate(p, trace=True))
+    inc = IncrementalSimulator(cm, p)
+    q = p.copy()
+    q[5] = 3 - p[5] if devices == 2 else 2
+    r, full = inc.evaluate_move(5, int(q[5])), cm.simulate(q)
+    assert r.step_time_us == full.step_time_us
+    assert np.array_equal(r.peak_memory_bytes, full.peak_memory_bytes)
 
 
 @settings(max_examples=100, deadline=None)
