@@ -79,12 +79,7 @@ class CriticalPrior:
             raise ValueError(f"affinity must be >= 0, got {affinity!r}")
         self.problem = problem
         self.weight, self.affinity = float(weight), float(affinity)
-        s, d, _ = problem.traffic()
-        # each group's neighbours (a pair linked both ways is listed twice), CSR by group
-        src, dst = np.concatenate([s, d]), np.concatenate([d, s])
-        o = np.argsort(src, kind="stable")
-        self.nb_ptr = np.searchsorted(src[o], np.arange(problem.n_groups + 1)).astype(np.int64)
-        self.nb = np.ascontiguousarray(dst[o], np.int64)
+        self.nb_ptr, self.nb = problem.neighbours()
         self.allowed = np.ascontiguousarray(problem.allowed)
         self.movable = self.allowed.sum(axis=1) >= 2
         #: the traced critical path of the mode of the last call (compound moves follow it)

@@ -109,6 +109,20 @@ class Problem:
             self._traffic = edges
         return self._traffic
 
+    def neighbours(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each group's neighbours in :meth:`traffic` as CSR, computed once (read only):
+        ``nb[nb_ptr[g]:nb_ptr[g + 1]]``, a pair linked both ways listed twice."""
+        if getattr(self, "_neighbours", None) is None:
+            s, d, _ = self.traffic()
+            src, dst = np.concatenate([s, d]), np.concatenate([d, s])
+            o = np.argsort(src, kind="stable")
+            nb_ptr = np.searchsorted(src[o], np.arange(self.n_groups + 1)).astype(np.int64)
+            nb = np.ascontiguousarray(dst[o], np.int64)
+            for x in (nb_ptr, nb):
+                x.flags.writeable = False
+            self._neighbours = nb_ptr, nb
+        return self._neighbours
+
     def lower_bound_us(self) -> float:
         """The best lower bound on the step time of any placement (µs)."""
         return self.lower_bounds()["best"]

@@ -190,11 +190,7 @@ class CriticalMoves:
         self.allowed = problem.allowed
         self.movable = problem.allowed.sum(axis=1) >= 2
         self.chain_max = chain_max
-        s, d, _ = problem.traffic()
-        both_s, both_d = np.concatenate([s, d]), np.concatenate([d, s])
-        o = np.argsort(both_s, kind="stable")
-        self.nb_ptr = np.searchsorted(both_s[o], np.arange(problem.n_groups + 1))
-        self.nb = both_d[o]
+        self.nb_ptr, self.nb = problem.neighbours()
         # a region move takes up to region_max groups: by default a share of one device's
         # groups in a balanced split, so it can move a whole stage of a pipeline
         G, D = problem.n_groups, problem.n_devices

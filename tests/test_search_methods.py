@@ -198,6 +198,20 @@ def test_problem_traffic_is_the_group_edges_computed_once():
         w[0] = 1.0
 
 
+def test_problem_neighbours_are_each_groups_linked_groups_computed_once():
+    """Known answer on the two cliques (groups a0..a4, b0..b4 = 0..9, a4 -> b0 the one
+    link between them): a group's clique mates, and across the light edge for a4 and b0;
+    every reader gets the same read-only arrays."""
+    p = two_cliques()
+    nb_ptr, nb = p.neighbours()
+    links = [sorted(nb[nb_ptr[g]:nb_ptr[g + 1]].tolist()) for g in range(p.n_groups)]
+    assert links[0] == [1, 2, 3, 4] and links[9] == [5, 6, 7, 8]
+    assert links[4] == [0, 1, 2, 3, 5] and links[5] == [4, 6, 7, 8, 9]
+    assert all(x is y for x, y in zip(p.neighbours(), (nb_ptr, nb)))
+    with pytest.raises(ValueError):
+        nb[0] = 1
+
+
 def test_sct_favourite_child_known_answers():
     # chain: every edge is co-located (x = 0); fork: the heavier edge is the favourite
     nodes = {"p": {"out_bytes": 0, "flops": 1e9}, "a": {"out_bytes": 0, "flops": 1e9},
