@@ -219,8 +219,7 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
             "guide_updates": task.guide_updates, "improvements": dict(task.improvements),
             "compound_samples": task.compound_samples, "merge": cfg.merge, "merged_samples": task.merged_samples,
             "follow": cfg.follow, "compound_kinds": list(cfg.kinds()),
-            "kind_odds": (dict(zip(task.odds.kinds, np.round(task.odds.odds(), 3).tolist()))
-                          if task.odds is not None else None),
+            "kind_odds": task.odds.as_dict() if task.odds is not None else None,
             "samples_per_second": summary["samples"] / max(summary["seconds"], 1e-9)}
 
 

@@ -196,6 +196,10 @@ class KindOdds:
         rate = (self.won + 1.0) / (self.used + 20.0)
         return 0.5 / len(self.kinds) + 0.5 * rate / rate.sum()
 
+    def as_dict(self) -> dict:
+        """The odds by kind, rounded for a result's metadata."""
+        return dict(zip(self.kinds, np.round(self.odds(), 3).tolist()))
+
     def draw(self, rng) -> str:
         return self.kinds[rng.choice(len(self.kinds), p=self.odds())]
 
@@ -444,6 +448,6 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
             run_best, since_best, T = cur_obj, 0, max(T, 0.02)
     meta["temperature"] = T
     if odds is not None:
-        meta["kind_odds"] = dict(zip(kinds, np.round(odds.odds(), 3).tolist()))
+        meta["kind_odds"] = odds.as_dict()
     meta.update(scorer.metadata())
     return meta
