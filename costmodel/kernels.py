@@ -204,8 +204,9 @@ def readyq_sort(rq, base, size):
 @njit(cache=True)
 def taskq_push(k1, k2, ids, base, size, a, b, i):
     """Insert task (a, b) -> i into a device's task queue, the slices [base:base+size]
-    of ``k1``, ``k2`` and ``ids`` kept sorted by (a, b), the next task first. Like
-    :func:`readyq_push`: ``a`` never goes back in epoch, so the scan back is short."""
+    of ``k1``, ``k2`` and ``ids`` kept sorted by (a, b), the next task first; returns the
+    new size. Like :func:`readyq_push`: ``a`` never goes back in epoch, so the scan back
+    is short."""
     h = U64(base)
     j = U64(size)
     while j > 0:
@@ -220,6 +221,7 @@ def taskq_push(k1, k2, ids, base, size, a, b, i):
     k1[h + j] = a
     k2[h + j] = b
     ids[h + j] = i
+    return size + 1
 
 
 # ------------------------------------------------------------------- packing
@@ -754,9 +756,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         refs += 1
                         if has_tasks and xcost[0, U64(d)] + tensor_bytes[U64(t)] * xcost[1, U64(d)] != 0.0:
                             x_next[U64(x)] = -1
-                            taskq_push(tq_k1, tq_k2, tq_id, tq_base[U64(d)], tq_size[U64(d)],
-                                       (epoch << 32) | rank[U64(op)], (t * D + dc) * 2, x * 2)
-                            tq_size[U64(d)] += 1
+                            tq_size[U64(d)] = taskq_push(tq_k1, tq_k2, tq_id, tq_base[U64(d)], tq_size[U64(d)],
+                                                         (epoch << 32) | rank[U64(op)], (t * D + dc) * 2, x * 2)
                             continue
                         l = d * D + dc
                         x_next[U64(x)] = -1
@@ -825,9 +826,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 if out_refs[U64(prod)] == 0:
                     live[U64(s)] -= out_bytes[U64(prod)]
                 if has_tasks and xcost[2, U64(dd)] + tensor_bytes[U64(t)] * xcost[3, U64(dd)] != 0.0:
-                    taskq_push(tq_k1, tq_k2, tq_id, tq_base[U64(dd)], tq_size[U64(dd)],
-                               (epoch << 32) | rank[U64(prod)], (t * D + dd) * 2 + 1, x * 2 + 1)
-                    tq_size[U64(dd)] += 1
+                    tq_size[U64(dd)] = taskq_push(tq_k1, tq_k2, tq_id, tq_base[U64(dd)], tq_size[U64(dd)],
+                                                  (epoch << 32) | rank[U64(prod)], (t * D + dd) * 2 + 1, x * 2 + 1)
                     if not running[U64(dd)] and not dev_pending[U64(dd)]:
                         dev_pending[U64(dd)] = True
                         dpend[U64(n_dpend)] = dd
