@@ -65,7 +65,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 # Event kinds, in the order events of one instant are handled (see reference.py).
 OP_DONE = 0
@@ -917,25 +917,24 @@ def device_peak(livepeak, placement, param_bytes):
     return peak
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def simulate_batch(net, placements, params, step, busy, peak, chunks):
-    """Simulate each row of ``placements`` in parallel, ``chunks`` runs of rows each with
-    its own Work; fills step, busy and peak (``params``: parameter bytes per op)."""
+@njit(cache=True, error_model="numpy", nogil=True)
+def simulate_rows(net, w, placements, params, step, busy, peak, first, stride):
+    """Simulate rows ``first``, ``first + stride``, ... of ``placements`` with the workspace
+    ``w``; fills their step, busy and peak (``params``: parameter bytes per op). Threads
+    share a batch between them by ``first`` (the GIL is released)."""
     B, n = placements.shape
     D = net.T.shape[1]
     # no trace, as a value LLVM cannot fold: with a literal False it inlines the whole
-    # loop here and compiles it again (16 s of a fresh install's first batch, not 5)
-    trace = chunks < 0
-    for c in prange(chunks):
-        w = make_work(n, net.tensor_op.shape[0], net.tensor_cons.shape[0], D)
-        for b in range(c * B // chunks, (c + 1) * B // chunks):
-            ms, _ = simulate_full(net, w, placements[b], trace)
-            step[b] = ms
-            for d in range(D):
-                busy[b, d] = w.busy[d]
-                peak[b, d] = w.livepeak[d]
-            for op in range(n):
-                peak[b, placements[b, op]] += params[op]
+    # loop here and compiles it again
+    trace = stride < 0
+    for b in range(first, B, stride):
+        ms, _ = simulate_full(net, w, placements[b], trace)
+        step[b] = ms
+        for d in range(D):
+            busy[b, d] = w.busy[d]
+            peak[b, d] = w.livepeak[d]
+        for op in range(n):
+            peak[b, placements[b, op]] += params[op]
 
 
 @njit(cache=True, error_model="numpy", nogil=True)

@@ -9,7 +9,9 @@ True
 
 from __future__ import annotations
 
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +100,18 @@ class BatchResult:
     feasible: np.ndarray
     busy_us: np.ndarray
     peak_memory_bytes: np.ndarray
+
+
+_POOL: list = [None, 0, 0]  # the batch threads: executor, its size, the process that made it
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    """At least ``n`` threads that score batch rows (shared by every CostModel; made again
+    in a forked child, which has none of its parent's threads)."""
+    pool, size, pid = _POOL
+    if pool is None or size < n or pid != os.getpid():
+        _POOL[:] = [ThreadPoolExecutor(n, thread_name_prefix="placetool-batch"), n, os.getpid()]
+    return _POOL[0]
 
 
 class CostModel:
@@ -270,9 +284,15 @@ class CostModel:
         step = np.empty(B)
         busy = np.zeros((B, D))
         peak = np.zeros((B, D), np.int64)
-        if B:
-            chunks = min(B, 4 * numba.get_num_threads())  # a few per thread: rows differ in cost
-            kernels.simulate_batch(self.net, P, self._param_bytes, step, busy, peak, chunks)
+        k = min(B, numba.get_num_threads())
+        if k:
+            def share(t):  # rows t, t + k, ... on this thread's workspace
+                kernels.simulate_rows(self.net, self.work(), P, self._param_bytes, step, busy, peak, t, k)
+
+            futures = [_pool(k - 1).submit(share, t) for t in range(1, k)]
+            share(0)  # this thread takes a share too
+            for f in futures:
+                f.result()
         if not per_group:
             step[np.any(P != P[:, self._op_group_first], axis=1)] = np.inf  # a split group
         feasible = np.isfinite(step) & np.all(peak <= self.capacity[None, :], axis=1)

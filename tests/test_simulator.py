@@ -1,5 +1,6 @@
 """The compiled simulator: hand-computed schedules, and the reference simulator as oracle."""
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -461,6 +462,51 @@ def test_batch_matches_single_and_handles_group_assignments():
     for i in range(8):
         r = cm.simulate(A[i])
         assert b.step_time_us[i] == r.step_time_us and b.feasible[i] == r.feasible
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_batch_rows_shared_between_threads_match_one_by_one(threads, rows):
+    # rows t, t + k, ... go to thread t of k: an odd batch leaves the threads unequal shares
+    cm = CostModel(presets.load_graph("synthetic-300"), presets.load_cluster("k80x2"))
+    from placetool.search import Problem
+
+    rng = np.random.default_rng(rows)
+    A = np.stack([Problem(cm).random_assignment(rng) for _ in range(rows)])
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        b = cm.simulate_batch(A)
+    finally:
+        numba.set_num_threads(before)
+    for i in range(rows):
+        r = cm.simulate(A[i])
+        assert b.step_time_us[i] == r.step_time_us
+        assert np.array_equal(b.busy_us[i], r.busy_us) and np.array_equal(b.peak_memory_bytes[i], r.peak_memory_bytes)
+
+
+def test_batches_from_several_threads_and_a_forked_child_give_the_same_answers():
+    import multiprocessing
+    from concurrent.futures import ThreadPoolExecutor
+
+    from placetool.search import Problem
+
+    cm = CostModel(presets.load_graph("synthetic-300"), presets.load_cluster("k80x2"))
+    rng = np.random.default_rng(0)
+    A = np.stack([Problem(cm).random_assignment(rng) for _ in range(6)])
+    want = cm.simulate_batch(A).step_time_us
+    with ThreadPoolExecutor(3) as ex:  # each caller and each batch thread has its own workspace
+        for got in ex.map(lambda _: cm.simulate_batch(A).step_time_us, range(12)):
+            assert np.array_equal(got, want)
+    # a forked child has none of the parent's batch threads: it makes its own (no hang)
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_batch_steps, (cm, A)).get(timeout=120)
+    assert np.array_equal(got, want)
+
+
+def _batch_steps(cm, A):
+    return cm.simulate_batch(A).step_time_us
 
 
 def test_lower_bound_is_below_every_simulated_step():
