@@ -318,7 +318,6 @@ class Work(NamedTuple):
     rq_unsorted: np.ndarray  # bool [D] the device's ready queue needs readyq_sort before its next pop
 
 
-@njit(cache=True)
 def make_work(n, nt, n_data, D):
     """A Work for graphs of n ops, nt tensors and n_data data edges on D devices."""
     n1 = max(n, 1)
@@ -376,7 +375,6 @@ class Checkpoints(NamedTuple):
     tq_ready: np.ndarray
 
 
-@njit(cache=True)
 def make_checkpoints(C, n, n_data, D, pool):
     """Room for C checkpoints; ``pool`` queued send/receive tasks across all of them."""
     L, E = D * D, 2 * D + D * D
@@ -400,7 +398,6 @@ class Base(NamedTuple):
     copy_of: np.ndarray
 
 
-@njit(cache=True)
 def make_base(nt, n_data, D):
     """Room for the base run's transfers."""
     m = max(n_data, 1)
