@@ -102,6 +102,9 @@ class BatchResult:
     peak_memory_bytes: np.ndarray
 
 
+#: the least ops a thread's share of a batch simulates (rows x ops): waking a thread of the
+#: pool costs about 60-150 µs a call, a few hundred ops' simulation
+MIN_OPS_PER_THREAD = 4000
 _POOL: list = [None, 0, 0]  # the batch threads: executor, its size, the process that made it
 
 
@@ -284,8 +287,9 @@ class CostModel:
         step = np.empty(B)
         busy = np.zeros((B, D))
         peak = np.zeros((B, D), np.int64)
-        k = min(B, numba.get_num_threads())
-        if k:
+        # as many threads as have a share worth waking them for
+        k = min(B, numba.get_num_threads(), max(1, B * g.n_ops // MIN_OPS_PER_THREAD))
+        if B:
             def share(t):  # rows t, t + k, ... on this thread's workspace
                 kernels.simulate_rows(self.net, self.work(), P, self._param_bytes, step, busy, peak, t, k)
 

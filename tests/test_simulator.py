@@ -466,8 +466,11 @@ def test_batch_matches_single_and_handles_group_assignments():
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("rows", [1, 5])
-def test_batch_rows_shared_between_threads_match_one_by_one(threads, rows):
+def test_batch_rows_shared_between_threads_match_one_by_one(threads, rows, monkeypatch):
     # rows t, t + k, ... go to thread t of k: an odd batch leaves the threads unequal shares
+    from placetool.costmodel import simulate
+
+    monkeypatch.setattr(simulate, "MIN_OPS_PER_THREAD", 1)  # a thread for every row of this small graph
     cm = CostModel(presets.load_graph("synthetic-300"), presets.load_cluster("k80x2"))
     from placetool.search import Problem
 
@@ -485,11 +488,14 @@ def test_batch_rows_shared_between_threads_match_one_by_one(threads, rows):
         assert np.array_equal(b.busy_us[i], r.busy_us) and np.array_equal(b.peak_memory_bytes[i], r.peak_memory_bytes)
 
 
-def test_batches_from_several_threads_and_a_forked_child_give_the_same_answers():
+def test_batches_from_several_threads_and_a_forked_child_give_the_same_answers(monkeypatch):
     import multiprocessing
     from concurrent.futures import ThreadPoolExecutor
 
+    from placetool.costmodel import simulate
     from placetool.search import Problem
+
+    monkeypatch.setattr(simulate, "MIN_OPS_PER_THREAD", 1)
 
     cm = CostModel(presets.load_graph("synthetic-300"), presets.load_cluster("k80x2"))
     rng = np.random.default_rng(0)
