@@ -195,10 +195,44 @@ def readyq_push(rq, base, size, key):
     return True
 
 
+#: readyq_sort's insertion-sorted blocks, merged pairwise after
+SORT_BLOCK = 16
+
+
 @njit(cache=True)
 def readyq_sort(rq, base, size):
-    """Sort a device's ready queue that :func:`readyq_push` left unsorted."""
-    rq[base:base + size].sort(kind="mergesort")  # quicksort degrades on the runs readyq_push leaves
+    """Sort a device's ready queue that :func:`readyq_push` left unsorted: blocks of
+    ``SORT_BLOCK`` by insertion, then merged pairwise. (numba's quicksort degrades on the
+    runs readyq_push leaves, and its merge sort took a second of a cold start to compile.)"""
+    a = rq[base:base + size]
+    for lo in range(0, size, SORT_BLOCK):
+        for i in range(lo + 1, min(lo + SORT_BLOCK, size)):
+            key = a[i]
+            j = i
+            while j > lo and a[j - 1] > key:
+                a[j] = a[j - 1]
+                j -= 1
+            a[j] = key
+    if size <= SORT_BLOCK:
+        return
+    src, dst = a, np.empty_like(a)
+    width = SORT_BLOCK
+    while width < size:
+        for lo in range(0, size, 2 * width):
+            mid, hi = min(lo + width, size), min(lo + 2 * width, size)
+            i, j = lo, mid
+            for k in range(lo, hi):
+                if j >= hi or (i < mid and src[i] <= src[j]):
+                    dst[k] = src[i]
+                    i += 1
+                else:
+                    dst[k] = src[j]
+                    j += 1
+        src, dst = dst, src
+        width *= 2
+    if src is not a:
+        for k in range(size):  # a loop: a slice assignment compiles numba's shape-error message
+            a[k] = src[k]
 
 
 @njit(cache=True)

@@ -350,6 +350,17 @@ def drive_sorted_queue(items, steps, push, entry, room_free, tidy=lambda base, s
         assert [entry(j) for j in range(base, base + size)] == sorted(pending)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=300), st.integers(0, 3))
+@example(list(range(70, 0, -1)), 2)  # three merge passes: the result lands in the scratch buffer
+def test_readyq_sort_sorts_the_slice_and_nothing_else(keys, base):
+    from placetool.costmodel.kernels import readyq_sort
+
+    rq = np.array([-5] * base + keys + [-7], np.int64)
+    readyq_sort(rq, base, len(keys))
+    assert rq.tolist() == [-5] * base + sorted(keys) + [-7]
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.permutations(range(24)),
        st.lists(st.tuples(st.sampled_from([False] * 3 + [True]), st.sampled_from([False] * 4 + [True])),
