@@ -102,8 +102,8 @@ class BatchResult:
     peak_memory_bytes: np.ndarray
 
 
-#: the least ops a thread's share of a batch simulates (rows x ops): waking a thread of the
-#: pool costs about 60-150 µs a call, a few hundred ops' simulation
+#: the least ops a thread's share of a batch simulates (rows x ops) for the batch to wake
+#: it: waking a pool thread costs about 60-150 µs a call, as long as simulating ~1,000 ops
 MIN_OPS_PER_THREAD = 4000
 _POOL: list = [None, 0, 0]  # the batch threads: executor, its size, the process that made it
 
