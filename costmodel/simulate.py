@@ -266,7 +266,9 @@ class CostModel:
         return SimResult(float(ms), reason is None, reason, busy, peak, names, tr)
 
     def simulate_batch(self, placements) -> BatchResult:
-        """Simulate many per-op placements (or group assignments), in parallel across cores.
+        """Simulate many per-op placements (or group assignments), in parallel across cores:
+        rows are shared among up to ``numba.get_num_threads()`` threads, each with its own
+        workspace, as long as each share simulates ``MIN_OPS_PER_THREAD`` ops or more.
 
         Invalid rows (split group, op without kernel) get ``inf`` and ``feasible=False``;
         rows over memory keep their simulated time and get ``feasible=False``.

@@ -480,11 +480,10 @@ def test_batch_matches_single_and_handles_group_assignments():
 def test_batch_rows_shared_between_threads_match_one_by_one(threads, rows, monkeypatch):
     # rows t, t + k, ... go to thread t of k: an odd batch leaves the threads unequal shares
     from placetool.costmodel import simulate
+    from placetool.search import Problem
 
     monkeypatch.setattr(simulate, "MIN_OPS_PER_THREAD", 1)  # a thread for every row of this small graph
     cm = CostModel(presets.load_graph("synthetic-300"), presets.load_cluster("k80x2"))
-    from placetool.search import Problem
-
     rng = np.random.default_rng(rows)
     A = np.stack([Problem(cm).random_assignment(rng) for _ in range(rows)])
     before = numba.get_num_threads()
@@ -507,7 +506,6 @@ def test_batches_from_several_threads_and_a_forked_child_give_the_same_answers(m
     from placetool.search import Problem
 
     monkeypatch.setattr(simulate, "MIN_OPS_PER_THREAD", 1)
-
     cm = CostModel(presets.load_graph("synthetic-300"), presets.load_cluster("k80x2"))
     rng = np.random.default_rng(0)
     A = np.stack([Problem(cm).random_assignment(rng) for _ in range(6)])
