@@ -30,8 +30,6 @@ True
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numba
@@ -39,6 +37,7 @@ import numpy as np
 
 from . import kernels as K
 from .errors import UserError
+from .procs import run_shares
 
 
 @dataclass
@@ -82,7 +81,6 @@ class IncrementalSimulator:
         self.w = K.work_for(self.net)  # own workspace: the cost model may simulate in between
         self.threads = max(1, int(threads if threads is not None else numba.get_num_threads()))
         self._more_w = []  # workspaces of evaluate_many's other threads, made on first use
-        self._pool, self._pool_pid = None, 0
 
         # checkpoints: enough to keep ~1/C of the events per restart, within ~256 MB
         per = 40 * n + 16 * n_data + 64 * (D + L)
@@ -100,9 +98,9 @@ class IncrementalSimulator:
         self._no_moved = np.zeros(0, np.intp)
         self.set_base(assignment)
 
-    def __getstate__(self):  # a thread pool does not pickle: the copy makes its own
+    def __getstate__(self):  # the copy makes its own workspaces for evaluate_many
         d = self.__dict__.copy()
-        d["_pool"], d["_pool_pid"], d["_more_w"] = None, 0, []
+        d["_more_w"] = []
         return d
 
     # ------------------------------------------------------------------ base
@@ -169,18 +167,14 @@ class IncrementalSimulator:
         k = max(1, min(self.threads, len(todo)))
         while len(self._more_w) < k - 1:
             self._more_w.append(K.work_for(self.net))
-        if k > 1 and (self._pool is None or self._pool_pid != os.getpid()):  # a forked child has no pool threads
-            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="placetool-incremental")
-            self._pool_pid = os.getpid()
 
         def share(t):
             w = self.w if t == 0 else self._more_w[t - 1]
             return {i: self._run_job(w, jobs[i]) for i in todo[t::k]}
 
-        futures = [self._pool.submit(share, t) for t in range(1, k)]
-        runs = share(0)  # this thread takes a share too
-        for f in futures:
-            runs.update(f.result())
+        runs = {}
+        for r in run_shares(k, share):
+            runs.update(r)
         return [self._result(j, runs[i]) if i in runs else j for i, j in enumerate(jobs)]
 
     def _score(self, job) -> MoveResult:

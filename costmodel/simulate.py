@@ -9,9 +9,7 @@ True
 
 from __future__ import annotations
 
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import numpy as np
 
 from . import kernels
 from .placement import Placement, PlacementError
+from .procs import run_shares
 from .profile import op_time_matrix
 
 
@@ -105,16 +104,6 @@ class BatchResult:
 #: the least ops a thread's share of a batch simulates (rows x ops) for the batch to wake
 #: it: waking a pool thread costs about 60-150 µs a call, as long as simulating ~1,000 ops
 MIN_OPS_PER_THREAD = 4000
-_POOL: list = [None, 0, 0]  # the batch threads: executor, its size, the process that made it
-
-
-def _pool(n: int) -> ThreadPoolExecutor:
-    """At least ``n`` threads that score batch rows (shared by every CostModel; made again
-    in a forked child, which has none of its parent's threads)."""
-    pool, size, pid = _POOL
-    if pool is None or size < n or pid != os.getpid():
-        _POOL[:] = [ThreadPoolExecutor(n, thread_name_prefix="placetool-batch"), n, os.getpid()]
-    return _POOL[0]
 
 
 class CostModel:
@@ -295,10 +284,7 @@ class CostModel:
             def share(t):  # rows t, t + k, ... on this thread's workspace
                 kernels.simulate_rows(self.net, self.work(), P, self._param_bytes, step, busy, peak, t, k)
 
-            futures = [_pool(k - 1).submit(share, t) for t in range(1, k)]
-            share(0)  # this thread takes a share too
-            for f in futures:
-                f.result()
+            run_shares(k, share)
         if not per_group:
             step[np.any(P != P[:, self._op_group_first], axis=1)] = np.inf  # a split group
         feasible = np.isfinite(step) & np.all(peak <= self.capacity[None, :], axis=1)
