@@ -448,12 +448,14 @@ class Trainer:
     def advantages(self, task: _Task, r: np.ndarray) -> np.ndarray:
         """Centred, scaled rewards: against an EMA baseline, or (``baseline="loo"``) each
         sample against the mean of the other samples of its batch (unbiased, and it
-        cancels the batch's common part exactly), scaled by the batch's spread."""
+        cancels the batch's common part exactly), scaled by the batch's spread (a lone sample: 0)."""
         d = self.cfg.baseline_decay
         m, s = float(r.mean()), float(r.std())
-        if self.cfg.baseline == "loo" and len(r) > 1:
-            others = (r.sum() - r) / (len(r) - 1)
+        if self.cfg.baseline == "loo":
             task.baseline = m if task.baseline is None else d * task.baseline + (1 - d) * m
+            if len(r) < 2:  # a lone sample (the budget cut its step short) has no others to be measured by
+                return np.zeros(len(r), np.float32)
+            others = (r.sum() - r) / (len(r) - 1)
             return ((r - others) / max(s, 1e-6)).astype(np.float32)
         if task.baseline is None:
             task.baseline, task.spread = m, max(s, 1e-3)

@@ -462,6 +462,40 @@ def test_rl_answers_even_when_start_up_outlasts_the_budget():
     assert r.metadata["source"].startswith("policy's mode, scored after the budget")
 
 
+
+def test_loo_advantage_of_a_lone_sample_is_zero(tiny):
+    """Each sample is measured against the mean of the others in its batch, over the
+    batch's spread; a batch of one (the budget cut its step short) has no others: 0."""
+    from placetool.rl import policies
+    from placetool.rl.trainer import TrainConfig, Trainer
+
+    p, _ = tiny
+    tr = Trainer(policies.make("gdp", p.n_devices, seed=0, hidden=16), [p], TrainConfig(baseline="loo"))
+    t = tr.tasks[0]
+    assert tr.advantages(t, np.array([-1.0])).tolist() == [0.0] and t.baseline == -1.0
+    # others' means -2.5, -2, -1.5; spread sqrt(2/3)
+    np.testing.assert_allclose(tr.advantages(t, np.array([-1.0, -2.0, -3.0])), np.array([1.5, 0, -1.5]) / np.sqrt(2 / 3),
+                               rtol=1e-6)
+    assert t.baseline == pytest.approx(0.9 * -1.0 + 0.1 * -2.0)
+    assert tr.advantages(t, np.array([-5.0])).tolist() == [0.0]
+    assert t.baseline == pytest.approx(0.9 * -1.1 + 0.1 * -5.0)
+
+
+@pytest.mark.timeout(120)
+def test_rl_ends_normally_when_the_budget_leaves_its_last_step_one_sample(monkeypatch):
+    """Evaluation budgets that cut rl's last step to one sample (52 from scratch, 53
+    fine-tuning, here) once raised a TypeError at the very end and lost the result."""
+    from placetool.rl.trainer import Trainer
+
+    p = Problem(CostModel(presets.load_graph("synthetic-160"), presets.load_cluster("k80x4")))
+    sizes, real = [], Trainer.advantages
+    monkeypatch.setattr(Trainer, "advantages", lambda self, task, r: sizes.append(len(r)) or real(self, task, r))
+    for options in ({}, {"init_from": "gdp"}):
+        for n in range(50, 56):
+            r = run("rl", p, Budget(evals=n), seed=0, **options)
+            assert r.evaluations == n and p.is_valid(r.assignment) and np.isfinite(r.step_time_us)
+    assert 1 in sizes  # the budgets above did cut a step to a lone sample
+
 @pytest.mark.timeout(60)
 def test_frozen_network_table_step_is_the_policy_gradient(tiny):
     """The closed-form numpy step on the residual table (the default search path) equals
