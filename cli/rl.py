@@ -43,7 +43,7 @@ def rl():
                 seconds_old=("--seconds",))
 @option("--steps", "steps", type=click.IntRange(min=1), default=None, hidden=True,
         help="Training steps (each samples every graph); prefer --budget-evals.")
-@click.option("--samples", type=click.IntRange(min=1), default=32, show_default=True,
+@click.option("--samples", type=click.IntRange(min=2), default=32, show_default=True,
               help="Placements per graph and step.")
 @click.option("--per-step", "per_step", type=click.IntRange(min=1), default=None,
               help="Problems (graph x cluster) sampled per step, in rotation (default: all).")

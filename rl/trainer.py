@@ -85,6 +85,9 @@ class TrainConfig:
                      if (k := f.name) in options})
         if cfg.baseline not in ("ema", "loo"):
             raise UserError(f"rl: baseline must be 'ema' or 'loo', got {cfg.baseline!r}")
+        if cfg.baseline == "loo" and cfg.samples < 2:
+            raise UserError(f"rl: baseline 'loo' measures each sample against the others of its step, so samples "
+                            f"must be at least 2 (got {cfg.samples}); or give baseline=ema")
         if cfg.residual_optimizer not in ("adam", "sgd"):
             raise UserError(f"rl: residual_optimizer must be 'adam' or 'sgd', got {cfg.residual_optimizer!r}")
         if not (cfg.guide == 0 or cfg.guide >= 1):

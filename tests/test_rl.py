@@ -211,6 +211,10 @@ def test_user_errors(tiny, tmp_path):
         run("rl", p, Budget(evals=8), seed=0, policy="nope")
     with pytest.raises(UserError, match="unknown option"):
         run("rl", p, Budget(evals=8), seed=0, bogus=1)
+    # one sample a step leaves the leave-one-out baseline (gdp's default) nothing to compare with
+    with pytest.raises(UserError, match="baseline 'loo' .* samples must be at least 2 .got 1."):
+        run("rl", p, Budget(evals=8), seed=0, samples=1)
+    assert run("rl", p, Budget(evals=8), seed=0, samples=1, baseline="ema").evaluations == 8
     pol = policies.make("gdp", p.n_devices, hidden=16)
     pol.save(tmp_path / "pol")
     policies.make("seq2seq", p.n_devices, hidden=16).save(tmp_path / "s2s")
