@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 
 import click
 import numpy as np
+
+from placetool.costmodel.errors import UserError
 
 from .common import (budget_options, check_writable, cluster_option, emit_json, fmt_us, graph_option,
                      json_option, load_problem, out_option, profile_option, progress, quiet_option, write_json)
@@ -154,6 +157,7 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
 
         check_verify_options(g, cl, testbed_n, cluster_spec, local)  # before searching
     interrupted = None  # exit status when Ctrl-C (130) or SIGTERM (143) cut the search short
+    failed = None  # an unexpected exception from the method (a bug), reported after the output
     try:
         with _Bar(budget, show_progress and not (as_json or quiet)) as bar:
             result = S.run(method, problem, budget, seed=seed, progress=bar, keep_top=verify_top or 0, **options)
@@ -163,6 +167,14 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
             raise
         interrupted = e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
         compare = verify_top = None  # report what was found, start nothing new
+    except UserError:
+        raise
+    except Exception as e:  # a fault in the method: keep what it found before, then report it
+        result = getattr(e, "partial_result", None)
+        if result is None:
+            raise
+        failed = e
+        compare = verify_top = None
 
     lb = result.lower_bound_us
     reason = None if result.feasible else cm.simulate(result.placement).reason
@@ -212,6 +224,8 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
 
     if interrupted:
         obj["interrupted"] = True
+    if failed is not None:
+        obj["failed"] = f"{type(failed).__name__}: {failed}"
     if as_json:
         emit_json(obj)
     else:
@@ -223,6 +237,16 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
         click.echo(json.dumps({"error": msg, "exit_code": interrupted}) if as_json else f"placetool: {msg}",
                    err=True)
         sys.exit(interrupted)
+    if failed is not None:
+        kept = f"; the best placement found before it is in {out}" if obj["out"] else ""
+        msg = (f"method {method!r} failed after {result.evaluations:,} placements ({obj['failed']}){kept}. "
+               f"This is a bug in placetool; please report it with the traceback")
+        trace = "".join(traceback.format_exception(failed))
+        if as_json:
+            click.echo(json.dumps({"error": msg, "exit_code": 1, "traceback": trace}), err=True)
+        else:
+            click.echo(f"{trace}placetool: {msg} above", err=True)
+        sys.exit(1)
     if not result.feasible:
         msg = f"the best placement found does not fit: {reason}" + (f"; {out} not written" if out else "")
         click.echo(json.dumps({"error": msg, "exit_code": 1}) if as_json else f"placetool: {msg}", err=True)

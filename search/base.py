@@ -533,6 +533,8 @@ def run(name: str, problem: Problem, budget: Budget, seed: int = 0,
 
     The method may return a dict of metadata. If it scored nothing, its result is
     whatever it left in the tracker; a method that scores nothing at all is an error.
+    An interrupt or an unexpected exception from the method is raised again with the
+    best placement found before it as its ``partial_result`` (when there is one).
     """
     method = get(name)
     options = check_options(name, options)
@@ -547,6 +549,14 @@ def run(name: str, problem: Problem, budget: Budget, seed: int = 0,
         # save the best found so far, from ``e.partial_result``
         if tracker.best_assignment is not None:
             e.partial_result = _result(name, problem, tracker, {"interrupted": True})
+        raise
+    except UserError:
+        raise
+    except Exception as e:
+        # a fault in the method itself: what it found before is as good as ever, so the
+        # caller can keep it too (``e.partial_result``) while it reports the fault
+        if tracker.best_assignment is not None:
+            e.partial_result = _result(name, problem, tracker, {"failed": f"{type(e).__name__}: {e}"})
         raise
     if tracker.best_assignment is None:
         raise SearchError(f"method {name!r} evaluated no placement within the budget")

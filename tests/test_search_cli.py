@@ -103,3 +103,43 @@ def test_missing_out_folder_fails_before_search(tmp_path, capsys):
     code, _, err = call(["search", "-g", "synthetic-50", "-m", "heft", "--out", str(tmp_path / "no" / "p.json")],
                         capsys)
     assert code == 2 and "does not exist" in err
+
+
+@pytest.fixture
+def method_that_fails_midway(monkeypatch):
+    """A method registered for the test: it scores three random placements, then fails as
+    a bug would (ZeroDivisionError). Returns (name, step times it scored)."""
+    import numpy as np
+
+    import placetool.search.base as B
+
+    scored = []
+
+    def fails_midway(problem, budget, seed, tracker):
+        rng = np.random.default_rng(seed)
+        r = tracker.evaluate(np.stack([problem.random_assignment(rng) for _ in range(3)]))
+        scored.extend(np.where(r.feasible, r.step_time_us, np.inf))
+        return 1 / 0
+
+    B.get("sa")  # the registry filled first, so the test method is not overwritten
+    monkeypatch.setitem(B.REGISTRY, "fails-midway", B.MethodInfo("fails-midway", fails_midway, "fails", B.Budget(evals=9), None))
+    return "fails-midway", scored
+
+
+def test_a_fault_in_the_method_keeps_the_best_found_and_says_it_is_a_bug(tmp_path, capsys, method_that_fails_midway):
+    name, scored = method_that_fails_midway
+    out = tmp_path / "p.json"
+    code, stdout, stderr = call(["search", "-g", "synthetic-100", "-c", "k80x2", "-m", name, "--out", str(out)], capsys)
+    assert code == 1
+    assert "ZeroDivisionError" in stderr and "Traceback" in stderr and "fails_midway" in stderr  # the traceback
+    assert f"method '{name}' failed after 3 placements (ZeroDivisionError: division by zero)" in stderr
+    assert f"the best placement found before it is in {out}" in stderr and "a bug in placetool" in stderr
+    cm = CostModel(presets.load_graph("synthetic-100"), presets.load_cluster("k80x2"))
+    assert cm.simulate(cm.load_placement(out)).step_time_us == pytest.approx(min(scored))
+    assert "step time" in stdout  # the report of what was found comes first
+    scored.clear()
+    code, stdout, stderr = call(["search", "-g", "synthetic-100", "-c", "k80x2", "-m", name, "--json"], capsys)
+    assert code == 1 and json.loads(stdout)["failed"] == "ZeroDivisionError: division by zero"
+    assert json.loads(stdout)["step_time_us"] == pytest.approx(min(scored))
+    err = json.loads(stderr)
+    assert err["exit_code"] == 1 and "ZeroDivisionError" in err["traceback"] and name in err["error"]
