@@ -167,7 +167,7 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
             raise
         interrupted = e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
         compare = verify_top = None  # report what was found, start nothing new
-    except UserError:
+    except (UserError, OSError):  # a user mistake or a file system problem: one line, as everywhere
         raise
     except Exception as e:  # a fault in the method: keep what it found before, then report it
         result = getattr(e, "partial_result", None)
