@@ -31,7 +31,11 @@ def thread_pool(n: int) -> ThreadPoolExecutor:
     forked child, which has none of its parent's threads and would wait on them forever)."""
     pool, size, pid = _POOL
     if pool is None or size < n or pid != os.getpid():
-        _POOL[:] = [ThreadPoolExecutor(n, thread_name_prefix="placetool"), n, os.getpid()]
+        # room for a thread per core from the start (the executor starts threads only as
+        # work needs them), so a caller asking for more threads later seldom replaces it:
+        # a replaced pool's threads would idle on, since a caller may still hold it
+        size = max(n, os.cpu_count() or 1)
+        _POOL[:] = [ThreadPoolExecutor(size, thread_name_prefix="placetool"), size, os.getpid()]
     return _POOL[0]
 
 

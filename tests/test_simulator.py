@@ -498,6 +498,17 @@ def test_batch_rows_shared_between_threads_match_one_by_one(threads, rows, monke
         assert np.array_equal(b.busy_us[i], r.busy_us) and np.array_equal(b.peak_memory_bytes[i], r.peak_memory_bytes)
 
 
+def test_the_shared_thread_pool_is_made_once_for_up_to_a_thread_per_core():
+    # asking for more threads later (numba.set_num_threads) keeps the same executor, whose
+    # threads would otherwise idle on beside a new one's
+    import os
+
+    from placetool.costmodel.procs import thread_pool
+
+    pool = thread_pool(1)
+    assert thread_pool(os.cpu_count()) is pool and thread_pool(1) is pool
+
+
 def test_batches_from_several_threads_and_a_forked_child_give_the_same_answers(monkeypatch):
     import multiprocessing
     from concurrent.futures import ThreadPoolExecutor
