@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -249,8 +251,11 @@ def load(folder, expect_policy: str | None = None, n_devices: int | None = None)
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise PolicyError(f"{mpath}: format {meta.get('format')!r} version {meta.get('version')!r} "
                           f"is not {FORMAT!r} version {VERSION}")
-    cfg = dict(meta["config"])
-    kind = cfg.pop("policy")
+    try:
+        cfg = dict(meta["config"])
+        kind = cfg.pop("policy")
+    except (KeyError, TypeError, ValueError):
+        raise PolicyError(f"{mpath}: no policy configuration ('config' with a 'policy' name)") from None
     if expect_policy is not None and expect_policy != kind:
         raise PolicyError(f"{folder} holds a {kind!r} policy, not {expect_policy!r}")
     if n_devices is not None and kind != "gdp" and cfg["n_devices"] != n_devices:
@@ -261,16 +266,25 @@ def load(folder, expect_policy: str | None = None, n_devices: int | None = None)
                           f"this cluster has {n_devices}")
     if kind == "gdp" and n_devices is not None:
         cfg["n_devices"] = n_devices  # the device slots are sliced to the cluster at hand
-    pol = make(kind, **cfg)
     try:
-        with np.load(folder / "weights.npz", allow_pickle=False) as z:
+        pol = make(kind, **cfg)
+    except PolicyError as e:
+        raise PolicyError(f"{mpath}: {e}") from None
+    except (TypeError, ValueError) as e:  # a key or value no policy takes
+        raise PolicyError(f"{mpath}: configuration does not fit a {kind!r} policy ({e})") from None
+    wpath = folder / "weights.npz"
+    try:
+        with np.load(wpath, allow_pickle=False) as z:
             ws = [z[k] for k in sorted(z.files) if k.startswith("w")]
             res = sorted(k for k in z.files if k.startswith("residual"))
             if res:
                 meta["residual"] = [z[k] for k in res]
-    except (OSError, ValueError) as e:
-        raise PolicyError(f"{folder / 'weights.npz'}: cannot read weights ({e})") from None
-    pol.set_weights(ws)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # missing, cut short, damaged
+        raise PolicyError(f"{wpath}: cannot read weights ({type(e).__name__}: {e})") from None
+    try:
+        pol.set_weights(ws)
+    except PolicyError as e:
+        raise PolicyError(f"{wpath}: {e}") from None
     return pol, meta
 
 

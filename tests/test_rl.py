@@ -227,6 +227,51 @@ def test_user_errors(tiny, tmp_path):
         run("rl", p, Budget(evals=8), seed=0, init_from=str(tmp_path / "missing"))
 
 
+@pytest.mark.timeout(60)
+def test_damaged_policy_folders_are_named(tiny, tmp_path):
+    """A policy folder cut short or edited by hand gives an error naming its file, not a traceback."""
+    import json
+    import shutil
+
+    from placetool.rl import policies
+
+    p, _ = tiny
+    good = tmp_path / "good"
+    policies.make("gdp", p.n_devices, hidden=16).save(good)
+
+    def damaged(name, edit):
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        edit(folder)
+        return str(folder)
+
+    def cut(f):  # a download or copy that stopped half way
+        w = f / "weights.npz"
+        w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+
+    def flip(f):  # one byte changed inside a stored array: its checksum no longer matches
+        w = f / "weights.npz"
+        data = bytearray(w.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        w.write_bytes(bytes(data))
+
+    def config(f, **change):
+        m = json.loads((f / "policy.json").read_text())
+        m["config"].update(change)
+        (f / "policy.json").write_text(json.dumps(m))
+
+    cases = [
+        (cut, r"case0/weights\.npz: cannot read weights \(BadZipFile"),
+        (flip, r"weights\.npz: cannot read weights"),
+        (lambda f: config(f, hidden=32), r"weights\.npz: saved weights do not fit a 'gdp' policy"),
+        (lambda f: config(f, bogus=1), r"policy\.json: policy 'gdp': unknown option\(s\) bogus"),
+    ]
+    for i, (edit, message) in enumerate(cases):
+        with pytest.raises(UserError, match=message):
+            run("rl", p, Budget(evals=8), seed=0, init_from=damaged(f"case{i}", edit))
+    assert run("rl", p, Budget(evals=8), seed=0, init_from=str(good)).evaluations == 8
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_pretrain_cli_then_zero_shot(tmp_path):
