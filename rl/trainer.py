@@ -81,28 +81,30 @@ class TrainConfig:
         if bad:
             raise UserError(f"rl: unknown option(s) {', '.join(bad)} (known: {', '.join(sorted(names))})")
         # each value of the kind its field's annotation names (a count >= 1, a share, ...)
-        cfg = cls(**{k: check_value(f"rl: option {k!r}", f.type, options[k]) for f in fields(cls)
-                     if (k := f.name) in options})
-        if cfg.baseline not in ("ema", "loo"):
-            raise UserError(f"rl: baseline must be 'ema' or 'loo', got {cfg.baseline!r}")
-        if cfg.baseline == "loo" and cfg.samples < 2:
+        return cls(**{k: check_value(f"rl: option {k!r}", f.type, options[k]) for f in fields(cls)
+                      if (k := f.name) in options})
+
+    def __post_init__(self):
+        """Checks across fields (:meth:`from_options` also checks each value's kind)."""
+        if self.baseline not in ("ema", "loo"):
+            raise UserError(f"rl: baseline must be 'ema' or 'loo', got {self.baseline!r}")
+        if self.baseline == "loo" and self.samples < 2:
             raise UserError(f"rl: baseline 'loo' measures each sample against the others of its step, so samples "
-                            f"must be at least 2 (got {cfg.samples}); or give baseline=ema")
-        if cfg.residual_optimizer not in ("adam", "sgd"):
-            raise UserError(f"rl: residual_optimizer must be 'adam' or 'sgd', got {cfg.residual_optimizer!r}")
-        if not (cfg.guide == 0 or cfg.guide >= 1):
-            raise UserError(f"rl: guide must be 0 (off) or >= 1, got {cfg.guide!r}")
+                            f"must be at least 2 (got {self.samples}); or give baseline=ema")
+        if self.residual_optimizer not in ("adam", "sgd"):
+            raise UserError(f"rl: residual_optimizer must be 'adam' or 'sgd', got {self.residual_optimizer!r}")
+        if not (self.guide == 0 or self.guide >= 1):
+            raise UserError(f"rl: guide must be 0 (off) or >= 1, got {self.guide!r}")
         from placetool.search.critical import CriticalMoves
 
-        kinds = cfg.kinds()
+        kinds = self.kinds()
         bad = sorted(set(kinds) - set(CriticalMoves.KINDS))
         if bad or not kinds:
-            raise UserError(f"rl: compound_kinds {cfg.compound_kinds!r}: unknown kind(s) "
+            raise UserError(f"rl: compound_kinds {self.compound_kinds!r}: unknown kind(s) "
                             f"{', '.join(bad) or '(none given)'} (known: {', '.join(CriticalMoves.KINDS)})")
-        if not cfg.compound_from <= cfg.compound_until:
+        if not self.compound_from <= self.compound_until:
             raise UserError(f"rl: compound_until must be a fraction of the budget in [compound_from, 1], "
-                            f"got {cfg.compound_until!r}")
-        return cfg
+                            f"got {self.compound_until!r}")
 
     def kinds(self) -> tuple[str, ...]:
         """The compound kinds as a tuple."""

@@ -215,6 +215,13 @@ def test_user_errors(tiny, tmp_path):
     with pytest.raises(UserError, match="baseline 'loo' .* samples must be at least 2 .got 1."):
         run("rl", p, Budget(evals=8), seed=0, samples=1)
     assert run("rl", p, Budget(evals=8), seed=0, samples=1, baseline="ema").evaluations == 8
+    # the same checks hold for a configuration built in Python
+    from placetool.rl.trainer import TrainConfig
+
+    with pytest.raises(UserError, match="samples must be at least 2"):
+        TrainConfig(samples=1, baseline="loo")
+    with pytest.raises(UserError, match="compound_kinds 'chain,nope': unknown kind.s. nope"):
+        TrainConfig(compound_kinds="chain,nope")
     pol = policies.make("gdp", p.n_devices, hidden=16)
     pol.save(tmp_path / "pol")
     policies.make("seq2seq", p.n_devices, hidden=16).save(tmp_path / "s2s")
