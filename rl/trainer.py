@@ -19,13 +19,13 @@ too, so a pretrained policy's zero-shot placement is the first evaluation.
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
 from placetool.costmodel.errors import UserError
+from placetool.costmodel.jitclock import work_clock
 from placetool.search.base import BudgetExhausted, Count, NonNegative, Positive, Share, Size, check_value
 
 from .tfutil import tf as _tf
@@ -380,7 +380,7 @@ class Trainer:
         self.writer = self.tf.summary.create_file_writer(str(self.logdir)) if self.logdir else None
         self.progress = progress
         self.samples_seen = 0
-        self.t0 = time.perf_counter()
+        self.t0 = work_clock()
         self._train_t0 = self.t0
         self._limits = (None, None)
         self._grad = self.tf.function(self._grad_impl, reduce_retracing=True)
@@ -419,7 +419,7 @@ class Trainer:
         if self._limits[0]:
             parts.append(self.step_no / self._limits[0])
         if self._limits[1]:
-            parts.append((time.perf_counter() - self._train_t0) / self._limits[1])
+            parts.append((work_clock() - self._train_t0) / self._limits[1])
         return max(parts, default=0.0)
 
     def gradients(self, task: _Task, actions, adv, old_logp=None):
@@ -678,7 +678,7 @@ class Trainer:
 
     def summary(self) -> dict:
         return {"steps": self.step_no, "samples": self.samples_seen,
-                "seconds": round(time.perf_counter() - self.t0, 3),
+                "seconds": round(work_clock() - self.t0, 3),
                 "graphs": [t.problem.graph.name for t in self.tasks],
                 "clusters": sorted({t.problem.cluster.name for t in self.tasks}),
                 "best_step_us": {t.problem.graph.name: t.best for t in self.tasks},
@@ -686,13 +686,13 @@ class Trainer:
 
     def train(self, steps: int | None = None, seconds: float | None = None, done=None) -> dict:
         """Step until ``steps`` or ``seconds`` or ``done()`` or the tracker's budget ends."""
-        t0 = time.perf_counter()
+        t0 = work_clock()
         self._train_t0, self._limits = t0, (steps, seconds)
         try:
             while True:
                 if steps is not None and self.step_no >= steps:
                     break
-                if seconds is not None and time.perf_counter() - t0 >= seconds:
+                if seconds is not None and work_clock() - t0 >= seconds:
                     break
                 if done is not None and done():
                     break

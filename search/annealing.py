@@ -42,10 +42,11 @@ fitted into memory (:func:`placetool.search.memory.fit_memory`) and join the see
 from __future__ import annotations
 
 import math
-import time
 
 import numba
 import numpy as np
+
+from placetool.costmodel.jitclock import work_clock
 
 from .base import BudgetExhausted, Count, Seeds, SearchError, Share, get, register, seed_names
 from .critical import CriticalMoves, CriticalPath
@@ -119,7 +120,7 @@ class _Scorer:
         if engine == "incremental" and self.stale and not self.tracker.done():
             self.inc.commit(self.cur)  # catching up after the batch engine's turn: not its cost per move
             self.stale = False
-        t0 = time.perf_counter()
+        t0 = work_clock()
         if engine == "batch":
             try:
                 r = self.tracker.evaluate(np.stack(cands))
@@ -134,7 +135,7 @@ class _Scorer:
                    np.stack([r.peak_memory_bytes for r in rs]))
             self.tracker.record(np.stack(cands), *out)
         if self.mode == "auto":
-            self._note(engine, time.perf_counter() - t0, len(cands))
+            self._note(engine, work_clock() - t0, len(cands))
         return out
 
     def after_batch(self, n, accepted=None) -> None:
@@ -149,10 +150,10 @@ class _Scorer:
         if self.mode == "auto" and self.in_use == "batch":
             self.stale = True  # caught up when the incremental engine scores again
             return
-        t0 = time.perf_counter()
+        t0 = work_clock()
         self.inc.commit(accepted)
         self.stale = False
-        dt = time.perf_counter() - t0
+        dt = work_clock() - t0
         self.commit_s = dt if self.commit_s == 0.0 else 0.8 * self.commit_s + 0.2 * dt
 
     def restart(self, a):

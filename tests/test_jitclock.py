@@ -1,0 +1,93 @@
+"""The work clock: budgets leave out the time numba spends compiling kernels."""
+
+import time
+
+import numba
+import numpy as np
+import pytest
+from numba.core import event
+
+from placetool.costmodel import CostModel, presets
+from placetool.costmodel.jitclock import compile_seconds, work_clock
+from placetool.search import Budget, Problem, run
+from placetool.search import base as B
+from placetool.search.base import Tracker
+
+
+def _fresh_kernel(terms: int):
+    """A kernel no process has compiled yet (no cache): ``terms`` statements long."""
+    body = "\n".join(f"    s += x[{i % 7}] * {i + 1}.0" for i in range(terms))
+    scope = {}
+    exec(f"def f(x):\n    s = 0.0\n{body}\n    return s\n", scope)
+    return numba.njit(cache=False)(scope["f"])
+
+
+def _compiling(seconds: float):
+    """Hold numba's compile event open for ``seconds``, as a long compile does."""
+    with event.trigger_event("numba:compile", data={}):
+        time.sleep(seconds)
+
+
+def test_a_first_call_counts_as_compiling_and_a_second_does_not():
+    f, x = _fresh_kernel(200), np.arange(7.0)
+    c0, t0 = compile_seconds(), time.perf_counter()
+    assert f(x) == sum(x[i % 7] * (i + 1) for i in range(200))
+    first, compiled = time.perf_counter() - t0, compile_seconds() - c0
+    # a first call is its compile and a few microseconds of dispatch and running
+    assert 0.5 * first < compiled <= first
+    c1 = compile_seconds()
+    f(x)
+    assert compile_seconds() == c1
+
+
+def test_work_clock_stands_still_while_compiling():
+    w0, c0 = work_clock(), compile_seconds()
+    _compiling(0.3)
+    assert compile_seconds() - c0 >= 0.3
+    assert work_clock() - w0 < 0.1
+
+
+def test_nested_compiles_count_once():
+    c0 = compile_seconds()
+    with event.trigger_event("numba:compile", data={}):
+        _compiling(0.2)  # a callee compiled inside its caller's compile
+        time.sleep(0.1)
+    assert 0.3 <= compile_seconds() - c0 < 0.4
+
+
+def test_a_compile_that_fails_still_ends():
+    w0 = work_clock()
+    with pytest.raises(ValueError):
+        with event.trigger_event("numba:compile", data={}):
+            raise ValueError("typing error")
+    time.sleep(0.2)
+    assert work_clock() - w0 >= 0.2  # the clock runs again
+
+
+def test_a_budget_of_seconds_is_not_spent_compiling():
+    p = Problem(CostModel(presets.load_graph("synthetic-100"), presets.load_cluster("k80x2")))
+    t = Tracker(p, Budget(seconds=0.2))
+    _compiling(0.4)
+    assert not t.done() and t.seconds < 0.2 and t.compile_seconds >= 0.4
+    with t.sub_budget(0.1):
+        _compiling(0.2)
+        assert not t.done()
+
+
+def _compiles_then_scores(problem, budget, seed, tracker):
+    """A method whose kernels compile for longer than its budget, then score."""
+    _compiling(0.5)
+    if tracker.done():
+        return {"scored": 0}
+    tracker.evaluate(np.zeros((1, problem.n_groups), np.int32))
+    return {"scored": 1}
+
+
+def test_a_cold_start_searches_its_whole_budget_and_reports_the_compile(monkeypatch):
+    monkeypatch.setitem(B.REGISTRY, "compiles-then-scores", B.MethodInfo(
+        "compiles-then-scores", _compiles_then_scores, "compiles, then scores", B.Budget(seconds=1.0), None))
+    p = Problem(CostModel(presets.load_graph("synthetic-100"), presets.load_cluster("k80x2")))
+    r = run("compiles-then-scores", p, Budget(seconds=0.3))
+    assert r.metadata["scored"] == 1 and r.evaluations == 1
+    assert r.seconds < 0.3 and r.compile_seconds >= 0.5
+    assert r.to_dict()["compile_seconds"] == r.compile_seconds
