@@ -199,6 +199,7 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
         "gap_to_lower_bound": (result.step_time_us / lb) if lb > 0 else None,
         "evaluations": result.evaluations,
         "seconds": result.seconds,
+        "compile_seconds": result.compile_seconds,
         "groups_per_device": {n: int(c) for n, c in zip(cl.names, counts)},
         "ops_per_device": {n: int(c) for n, c in zip(cl.names, op_counts)},
         "history": [{"evaluations": e, "seconds": s, "best_step_us": b} for e, s, b in result.history],
@@ -260,6 +261,9 @@ def _print_human(g, cl, obj, baselines, out) -> None:
     click.echo(f"step time   {fmt_us(step)}   (lower bound {fmt_us(lb)}{gap})")
     click.echo(f"feasible    {'yes' if obj['feasible'] else 'NO: ' + str(obj['reason'])}")
     click.echo(f"searched    {obj['evaluations']:,} placements in {obj['seconds']:.2f} s")
+    if obj["compile_seconds"] >= 0.5:  # not in the budget: kernels compile once per machine
+        click.echo(f"compiled    kernels in {obj['compile_seconds']:.1f} s more (first use on this machine; "
+                   f"cached for later runs)")
     meta = obj.get("metadata") or {}
     if meta.get("source"):  # where the best placement came from, when the method says
         vs = meta.get("vs_warm_start")

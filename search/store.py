@@ -67,6 +67,7 @@ COLUMNS = (
     ("placement_path", "TEXT"),
     ("history", "TEXT"),                  # JSON [[evaluations, seconds, best_step_us], ...]
     ("metadata", "TEXT"),                 # JSON, what the method returned
+    ("compile_seconds", "REAL"),          # numba compiling during the search (a machine's first runs), not in `seconds`
 )
 NAMES = tuple(c for c, _ in COLUMNS)
 JSON_COLUMNS = ("options", "versions", "history", "metadata")

@@ -375,7 +375,7 @@ def _search(run: Run) -> dict:
         hist = [hist[i] for i in idx]
     out = {"step_time_us": float(r.step_time_us), "feasible": int(bool(r.feasible)),
            "lower_bound_us": float(r.lower_bound_us), "evaluations": int(r.evaluations),
-           "seconds": float(r.seconds), "n_ops": g.n_ops, "n_groups": g.n_groups, "n_devices": cl.n_devices,
+           "seconds": float(r.seconds), "compile_seconds": float(r.compile_seconds), "n_ops": g.n_ops, "n_groups": g.n_groups, "n_devices": cl.n_devices,
            "history": hist, "metadata": _plain(r.metadata)}
     if run.placements_dir:
         path = Path(run.placements_dir) / placement_filename(run)
