@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 
 import click
 
@@ -287,3 +288,40 @@ class Progress:
 def progress(total: int | None, label: str, enabled: bool = True) -> Progress:
     """A :class:`Progress` bar of ``total`` steps."""
     return Progress(total or 0, label, enabled)
+
+
+#: what :func:`compile_note` says
+COMPILE_NOTE = ("placetool: compiling kernels for this machine, once (up to about a minute; numba keeps them "
+                "for later runs, and search budgets leave this time out)")
+
+
+_COMPILE_NOTED: list = []  # once a process
+
+
+@contextmanager
+def compile_note(enabled: bool = True):
+    """Say once on stderr (once a process), when one of placetool's kernels starts compiling inside the
+    ``with``, why a machine's first run (or the first after an upgrade) pauses: with
+    numba's cache warm, none of them compiles."""
+    if not enabled:
+        yield
+        return
+    from numba.core import event
+
+    class _Note(event.Listener):
+        def on_start(self, ev):
+            fn = getattr((ev.data or {}).get("dispatcher"), "py_func", None)
+            if not _COMPILE_NOTED and getattr(fn, "__module__", "").startswith("placetool."):
+                _COMPILE_NOTED.append(True)
+                # on a terminal, over the progress bar's line (it is drawn again on its next step)
+                click.echo(("\r\033[K" if sys.stderr.isatty() else "") + COMPILE_NOTE, err=True)
+
+        def on_end(self, ev):
+            pass
+
+    note = _Note()
+    event.register("numba:compile", note)
+    try:
+        yield
+    finally:
+        event.unregister("numba:compile", note)

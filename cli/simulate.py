@@ -13,8 +13,8 @@ from placetool.costmodel.errors import UserError, atomic_write
 
 from placetool.costmodel.trace import figure_format
 
-from .common import (check_writable, cluster_option, emit_json, fmt_us, format_options, graph_option, json_option,
-                     load_problem, placement_option, profile_option)
+from .common import (check_writable, cluster_option, compile_note, emit_json, fmt_us, format_options, graph_option,
+                     json_option, load_problem, placement_option, profile_option)
 
 
 def parse_placement(spec: str, cm) -> np.ndarray:
@@ -68,10 +68,11 @@ def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path,
             figure_format(plot_path, fmt)
         except UserError as e:
             raise UserError(f"--plot {e}") from None
-    g, cl, cm = load_problem(graph, cluster, profile)
-    p = parse_placement(placement, cm)
-    want_trace = bool(trace_path or plot_path)
-    r = cm.simulate(p, trace=want_trace)
+    with compile_note(not as_json):
+        g, cl, cm = load_problem(graph, cluster, profile)
+        p = parse_placement(placement, cm)
+        want_trace = bool(trace_path or plot_path)
+        r = cm.simulate(p, trace=want_trace)
     if want_trace and r.trace is None:
         raise UserError(f"no trace: placement is invalid ({r.reason})")
     if trace_path:

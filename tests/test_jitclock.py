@@ -91,3 +91,29 @@ def test_a_cold_start_searches_its_whole_budget_and_reports_the_compile(monkeypa
     assert r.metadata["scored"] == 1 and r.evaluations == 1
     assert r.seconds < 0.3 and r.compile_seconds >= 0.5
     assert r.to_dict()["compile_seconds"] == r.compile_seconds
+
+
+def _fresh_kernel_in(module: str):
+    scope = {"__name__": module}
+    exec("def f(x):\n    return x[0] * 2.0 + x[1]\n", scope)
+    return numba.njit(cache=False)(scope["f"])
+
+
+def test_the_cli_says_once_why_a_first_run_pauses(monkeypatch, capsys):
+    from placetool.cli import common
+
+    monkeypatch.setattr(common, "_COMPILE_NOTED", [])
+    x = np.arange(2.0)
+    with common.compile_note(True):
+        _fresh_kernel_in("someone.else")(x)  # not one of placetool's kernels: nothing to explain
+    assert capsys.readouterr().err == ""
+    with common.compile_note(False):
+        _fresh_kernel_in("placetool.costmodel.kernels_of_a_test")(x)  # --quiet, --json
+    assert capsys.readouterr().err == ""
+    with common.compile_note(True):
+        _fresh_kernel_in("placetool.costmodel.kernels_of_a_test")(x)
+        _fresh_kernel_in("placetool.search.kernels_of_a_test")(x)
+    assert capsys.readouterr().err == common.COMPILE_NOTE + "\n"
+    with common.compile_note(True):
+        _fresh_kernel_in("placetool.costmodel.kernels_of_a_test")(x)  # said already in this process
+    assert capsys.readouterr().err == ""
