@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -53,8 +54,18 @@ class _Compiles(event.Listener):
             return now, self._total + (now - self._since if self._active else 0.0)
 
 
+    def forget_other_threads(self) -> None:
+        """In a forked child, which has only the forking thread: no compile is under
+        way there, and a lock held by another thread at the fork would never be freed."""
+        self._lock = threading.Lock()
+        if self._active:
+            self._total += time.perf_counter() - self._since
+            self._active = 0
+
+
 _COMPILES = _Compiles()
 event.register("numba:compile", _COMPILES)
+os.register_at_fork(after_in_child=_COMPILES.forget_other_threads)
 
 
 def compile_seconds() -> float:

@@ -117,3 +117,22 @@ def test_the_cli_says_once_why_a_first_run_pauses(monkeypatch, capsys):
     with common.compile_note(True):
         _fresh_kernel_in("placetool.costmodel.kernels_of_a_test")(x)  # said already in this process
     assert capsys.readouterr().err == ""
+
+
+def test_a_child_forked_during_a_compile_has_a_running_clock():
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    with event.trigger_event("numba:compile", data={}):  # another thread's compile, as the fork sees it
+        q = ctx.Queue()
+        child = ctx.Process(target=_report_clock, args=(q,))
+        child.start()
+        advanced = q.get(timeout=30)
+        child.join(30)
+    assert advanced >= 0.2
+
+
+def _report_clock(q):
+    w0 = work_clock()
+    time.sleep(0.2)
+    q.put(work_clock() - w0)
