@@ -325,3 +325,16 @@ def compile_note(enabled: bool = True):
         yield
     finally:
         event.unregister("numba:compile", note)
+
+
+def notes_compiles(command):
+    """Decorator (below ``@click.command``'s options): the command runs inside
+    :func:`compile_note`, which is off under its ``--json`` or ``--quiet``."""
+    import functools
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        with compile_note(not (kwargs.get("as_json") or kwargs.get("quiet"))):
+            return command(*args, **kwargs)
+
+    return run

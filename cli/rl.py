@@ -14,8 +14,8 @@ import click
 
 from placetool.costmodel.errors import UserError
 
-from .common import (budget_options, check_writable, cluster_option, emit_json, fmt_us, graph_option, json_option,
-                     option, out_option, quiet_option)
+from .common import (budget_options, check_writable, cluster_option, emit_json, fmt_us, graph_option,
+                     json_option, notes_compiles, option, out_option, quiet_option)
 
 
 def _names(values) -> list[str]:
@@ -52,6 +52,7 @@ def rl():
 @click.option("--force", is_flag=True, help="Replace a policy already saved in OUT.")
 @json_option
 @quiet_option
+@notes_compiles
 def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps, samples, per_step, seed, logdir,
              force, as_json, quiet):
     """Train one policy on several graphs at once and save it to OUT.

@@ -11,8 +11,9 @@ import numpy as np
 
 from placetool.costmodel.errors import UserError
 
-from .common import (budget_options, check_writable, cluster_option, compile_note, emit_json, fmt_us, graph_option,
-                     json_option, load_problem, out_option, profile_option, progress, quiet_option, write_json)
+from .common import (budget_options, check_writable, cluster_option, emit_json, fmt_us, graph_option,
+                     json_option, load_problem, notes_compiles, out_option, profile_option, progress, quiet_option,
+                     write_json)
 from .main import raise_if_stopped
 
 DEFAULT_METHOD = "sa"
@@ -122,6 +123,7 @@ class _Bar:
 @click.option("--local", is_flag=True, help="--verify-top: measure on this process's own devices.")
 @click.option("--progress/--no-progress", "show_progress", default=True,
               help="Progress bar on stderr (only on a terminal).")
+@notes_compiles
 def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed, out, profile, as_json, quiet,
            compare, method_opts, storage, policy, init_from, logdir, verify_top, testbed_n, cluster_spec, local,
            show_progress):
@@ -150,9 +152,8 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     options = S.check_options(method, given, spell=lambda k: f"--{k.replace('_', '-')}" if k in flags
                               else repr(k))  # before the graph is loaded
 
-    with compile_note(not (as_json or quiet)):
-        g, cl, cm = load_problem(graph, cluster, profile)
-        problem = S.Problem(cm)  # SearchError when no placement can fit
+    g, cl, cm = load_problem(graph, cluster, profile)
+    problem = S.Problem(cm)  # SearchError when no placement can fit
     if verify_top:
         from .verifytop import check_verify_options
 
@@ -160,7 +161,7 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     interrupted = None  # exit status when Ctrl-C (130) or SIGTERM (143) cut the search short
     failed = None  # an unexpected exception from the method (a bug), reported after the output
     try:
-        with compile_note(not (as_json or quiet)), _Bar(budget, show_progress and not (as_json or quiet)) as bar:
+        with _Bar(budget, show_progress and not (as_json or quiet)) as bar:
             result = S.run(method, problem, budget, seed=seed, progress=bar, keep_top=verify_top or 0, **options)
     except (KeyboardInterrupt, SystemExit) as e:
         result = getattr(e, "partial_result", None)

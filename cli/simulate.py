@@ -13,8 +13,8 @@ from placetool.costmodel.errors import UserError, atomic_write
 
 from placetool.costmodel.trace import figure_format
 
-from .common import (check_writable, cluster_option, compile_note, emit_json, fmt_us, format_options, graph_option,
-                     json_option, load_problem, placement_option, profile_option)
+from .common import (check_writable, cluster_option, emit_json, fmt_us, format_options, graph_option,
+                     json_option, load_problem, notes_compiles, placement_option, profile_option)
 
 
 def parse_placement(spec: str, cm) -> np.ndarray:
@@ -58,6 +58,7 @@ def _assign_groups(cm, choose) -> np.ndarray:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="Write a Gantt chart of devices and links (PNG, PDF or SVG by suffix or --format).")
 @format_options
+@notes_compiles
 def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path, fmt, dpi):
     """Simulate one placement of GRAPH on CLUSTER and print its step time."""
     inputs = {"--graph": graph, "--cluster": cluster, "--placement": placement, "--profile": profile}
@@ -68,11 +69,10 @@ def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path,
             figure_format(plot_path, fmt)
         except UserError as e:
             raise UserError(f"--plot {e}") from None
-    with compile_note(not as_json):
-        g, cl, cm = load_problem(graph, cluster, profile)
-        p = parse_placement(placement, cm)
-        want_trace = bool(trace_path or plot_path)
-        r = cm.simulate(p, trace=want_trace)
+    g, cl, cm = load_problem(graph, cluster, profile)
+    p = parse_placement(placement, cm)
+    want_trace = bool(trace_path or plot_path)
+    r = cm.simulate(p, trace=want_trace)
     if want_trace and r.trace is None:
         raise UserError(f"no trace: placement is invalid ({r.reason})")
     if trace_path:
