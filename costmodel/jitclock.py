@@ -43,6 +43,10 @@ class _Compiles(event.Listener):
 
     def on_end(self, ev):  # numba sends the end of a compile that raised too
         with self._lock:
+            if self._active == 0:
+                # an end without its start: a Ctrl-C raised in on_start before it counted
+                # (an open span would stop the clock, and a budget of seconds, for good)
+                return
             self._active -= 1
             if self._active == 0:
                 self._total += time.perf_counter() - self._since

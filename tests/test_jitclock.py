@@ -136,3 +136,14 @@ def _report_clock(q):
     w0 = work_clock()
     time.sleep(0.2)
     q.put(work_clock() - w0)
+
+
+def test_an_end_without_its_start_leaves_the_clock_running():
+    """Ctrl-C can land in the listener's start before it counts; numba still sends the end."""
+    event.end_event("numba:compile", data={})
+    w0 = work_clock()
+    time.sleep(0.2)
+    assert work_clock() - w0 >= 0.2
+    c0 = compile_seconds()
+    _compiling(0.2)
+    assert 0.2 <= compile_seconds() - c0 < 0.3
