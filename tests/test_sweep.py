@@ -289,6 +289,37 @@ timeout_seconds = 0.5
     assert row["error"] == "RunTimeout: run took longer than timeout_seconds = 0.5"
 
 
+def _compiles_past_the_timeout(problem, budget, seed, tracker):
+    """A first run on a machine: its kernels compile for longer than the run's timeout."""
+    import time
+
+    from numba.core import event
+
+    with event.trigger_event("numba:compile", data={}):
+        time.sleep(0.8)
+    tracker.evaluate(np.zeros((1, problem.n_groups), np.int32))
+
+
+@pytest.mark.timeout(60)
+def test_a_runs_timeout_leaves_compiling_out_as_its_budget_does(monkeypatch):
+    from placetool.search import base as B
+    from placetool.search import sweep
+    from placetool.search.sweep import Run, run_one
+
+    monkeypatch.setitem(B.REGISTRY, "compiles-past-timeout", B.MethodInfo(
+        "compiles-past-timeout", _compiles_past_the_timeout, "compiles, then scores", B.Budget(evals=1), None))
+    run = Run("synthetic-100", "synthetic-100", "k80x2", "k80x2", "compiles-past-timeout", 0, 1, None,
+              timeout_seconds=0.5)
+    rec = run_one(run)
+    assert rec["status"] == "ok", rec.get("error")
+    assert rec["compile_seconds"] >= 0.8 and rec["wall_seconds"] > 0.8 and rec["evaluations"] == 1
+    # but not for ever: a compile that does not return is a hang like any other
+    monkeypatch.setattr(sweep, "COMPILE_GRACE_S", 0.1)
+    rec = run_one(run)
+    assert rec["status"] == "failed" and rec["error"] == "RunTimeout: run took longer than timeout_seconds = 0.5"
+    assert rec["wall_seconds"] < 0.8
+
+
 # ------------------------------------------------------------------ report
 def test_summary_numbers_are_means_and_sample_stds_over_seeds(tmp_path):
     st = ResultStore(tmp_path / "r.db")
