@@ -8,6 +8,7 @@ earlier releases used are still accepted (``old=``) but no longer shown in ``--h
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from contextlib import contextmanager
@@ -295,14 +296,14 @@ COMPILE_NOTE = ("placetool: compiling kernels for this machine, once (up to abou
                 "for later runs, and search budgets leave this time out)")
 
 
-_COMPILE_NOTED: list = []  # once a process
+_COMPILE_NOTED: list = []  # [True] once said
 
 
 @contextmanager
 def compile_note(enabled: bool = True):
-    """Say once on stderr (once a process), when one of placetool's kernels starts compiling inside the
-    ``with``, why a machine's first run (or the first after an upgrade) pauses: with
-    numba's cache warm, none of them compiles."""
+    """Say on stderr, once a process, when one of placetool's kernels starts compiling
+    inside the ``with``, why a machine's first run (or the first after an upgrade)
+    pauses: with numba's cache warm, none of them compiles."""
     if not enabled:
         yield
         return
@@ -330,7 +331,6 @@ def compile_note(enabled: bool = True):
 def notes_compiles(command):
     """Decorator (below ``@click.command``'s options): the command runs inside
     :func:`compile_note`, which is off under its ``--json`` or ``--quiet``."""
-    import functools
 
     @functools.wraps(command)
     def run(*args, **kwargs):

@@ -57,7 +57,6 @@ class _Compiles(event.Listener):
             now = time.perf_counter()
             return now, self._total + (now - self._since if self._active else 0.0)
 
-
     def forget_other_threads(self) -> None:
         """In a forked child, which has only the forking thread: no compile is under
         way there, and a lock held by another thread at the fork would never be freed."""
