@@ -866,10 +866,13 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                     continue
                 for e in range(tensor_ptr[U64(t)], tensor_ptr[U64(t + 1)]):  # the tensor is on dd
                     c = tensor_cons[U64(e)]
-                    if placement[U64(c)] == dd:
-                        missing[U64(c)] -= 1
-                        wm -= rank[U64(c)] + 1
-                        if missing[U64(c)] == 0:
+                    # which consumers sit on dd depends on the placement alone, so a test
+                    # of it mispredicts often: count it down without one (0 elsewhere)
+                    other = placement[U64(c)] ^ dd
+                    on_dd = np.int32(other == 0)
+                    missing[U64(c)] -= on_dd
+                    wm -= on_dd * (rank[U64(c)] + 1)
+                    if (missing[U64(c)] | other) == 0:
                             if not readyq_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)]):
                                 rq_unsorted[U64(dd)] = True
                             rq_size[U64(dd)] += 1
