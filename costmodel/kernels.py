@@ -892,13 +892,14 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                     n_dpend += 1
                 for e in range(tensor_ptr[U64(t)], tensor_ptr[U64(t + 1)]):
                     c = tensor_cons[U64(e)]
-                    if placement[U64(c)] == dd:
-                        missing[U64(c)] -= 1
-                        wm -= rank[U64(c)] + 1
-                        if missing[U64(c)] == 0:
-                            if not readyq_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)]):
-                                rq_unsorted[U64(dd)] = True
-                            rq_size[U64(dd)] += 1
+                    other = placement[U64(c)] ^ dd  # counted down without a test, as above
+                    on_dd = np.int32(other == 0)
+                    missing[U64(c)] -= on_dd
+                    wm -= on_dd * (rank[U64(c)] + 1)
+                    if (missing[U64(c)] | other) == 0:
+                        if not readyq_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)]):
+                            rq_unsorted[U64(dd)] = True
+                        rq_size[U64(dd)] += 1
     if ck is not None:
         if record and next_ck > 0 and matched < 0:
             for d in range(D):
