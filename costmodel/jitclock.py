@@ -30,7 +30,9 @@ class _Compiles(event.Listener):
     on numba's compiler lock, so spans only ever nest; they are counted once."""
 
     def __init__(self):
-        self._lock = threading.Lock()
+        # reentrant: a signal handler (a sweep run's timeout) may read the clock in the
+        # thread that holds the lock, between two of its bytecodes
+        self._lock = threading.RLock()
         self._active = 0
         self._since = 0.0
         self._total = 0.0
@@ -60,7 +62,7 @@ class _Compiles(event.Listener):
     def forget_other_threads(self) -> None:
         """In a forked child, which has only the forking thread: no compile is under
         way there, and a lock held by another thread at the fork would never be freed."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         if self._active:
             self._total += time.perf_counter() - self._since
             self._active = 0

@@ -147,3 +147,13 @@ def test_an_end_without_its_start_leaves_the_clock_running():
     c0 = compile_seconds()
     _compiling(0.2)
     assert 0.2 <= compile_seconds() - c0 < 0.3
+
+
+@pytest.mark.timeout(30)
+def test_a_signal_handler_can_read_the_clock_while_its_thread_holds_it():
+    """A sweep run's timeout handler reads the clock; the signal may land while the
+    same thread is inside a reading."""
+    from placetool.costmodel import jitclock
+
+    with jitclock._COMPILES._lock:  # as if interrupted inside read()
+        assert work_clock() > 0 and compile_seconds() >= 0
