@@ -838,33 +838,43 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                     link_pending[U64(l)] = True
                     pending[U64(n_pending)] = l
                     n_pending += 1
-            elif kind_key < 3 * key_span:
-                # -- a link transfer ended: the link is free, the source copy may be
-                # freed, the tensor is on its destination unless a receive task runs first
+            else:
                 x = i
                 t = x_tensor[U64(x)]
-                s = x_src[U64(x)]
                 dd = x_dst[U64(x)]
-                l = s * D + dd
-                link_busy[U64(l)] = False
-                if not link_pending[U64(l)]:
-                    link_pending[U64(l)] = True
-                    pending[U64(n_pending)] = l
-                    n_pending += 1
-                prod = tensor_op[U64(t)]
-                out_refs[U64(prod)] -= 1
-                wo -= rank[U64(prod)] + 1
-                if out_refs[U64(prod)] == 0:
-                    live[U64(s)] -= out_bytes[U64(prod)]
-                if has_tasks and xcost[2, U64(dd)] + tensor_bytes[U64(t)] * xcost[3, U64(dd)] != 0.0:
-                    tq_size[U64(dd)] = taskq_push(tq_k1, tq_k2, tq_id, tq_base[U64(dd)], tq_size[U64(dd)],
-                                                  (epoch << 32) | rank[U64(prod)], (t * D + dd) * 2 + 1, x * 2 + 1)
-                    if not running[U64(dd)] and not dev_pending[U64(dd)]:
+                if kind_key < 3 * key_span:
+                    # -- a link transfer ended: the link is free, the source copy may be
+                    # freed, the tensor is on its destination unless a receive task runs first
+                    s = x_src[U64(x)]
+                    l = s * D + dd
+                    link_busy[U64(l)] = False
+                    if not link_pending[U64(l)]:
+                        link_pending[U64(l)] = True
+                        pending[U64(n_pending)] = l
+                        n_pending += 1
+                    prod = tensor_op[U64(t)]
+                    out_refs[U64(prod)] -= 1
+                    wo -= rank[U64(prod)] + 1
+                    if out_refs[U64(prod)] == 0:
+                        live[U64(s)] -= out_bytes[U64(prod)]
+                    if has_tasks and xcost[2, U64(dd)] + tensor_bytes[U64(t)] * xcost[3, U64(dd)] != 0.0:
+                        tq_size[U64(dd)] = taskq_push(tq_k1, tq_k2, tq_id, tq_base[U64(dd)], tq_size[U64(dd)],
+                                                      (epoch << 32) | rank[U64(prod)], (t * D + dd) * 2 + 1,
+                                                      x * 2 + 1)
+                        if not running[U64(dd)] and not dev_pending[U64(dd)]:
+                            dev_pending[U64(dd)] = True
+                            dpend[U64(n_dpend)] = dd
+                            n_dpend += 1
+                        continue
+                else:
+                    # -- a receive task ended: dd is free, and the tensor is on it
+                    running[U64(dd)] = False
+                    if not dev_pending[U64(dd)]:
                         dev_pending[U64(dd)] = True
                         dpend[U64(n_dpend)] = dd
                         n_dpend += 1
-                    continue
-                for e in range(tensor_ptr[U64(t)], tensor_ptr[U64(t + 1)]):  # the tensor is on dd
+                # -- the tensor is on dd: its consumers there have one input fewer to wait for
+                for e in range(tensor_ptr[U64(t)], tensor_ptr[U64(t + 1)]):
                     c = tensor_cons[U64(e)]
                     # which consumers sit on dd depends on the placement alone, so a test
                     # of it mispredicts often: count it down without one (0 elsewhere)
@@ -873,33 +883,13 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                     missing[U64(c)] -= on_dd
                     wm -= on_dd * (rank[U64(c)] + 1)
                     if (missing[U64(c)] | other) == 0:
-                            if not readyq_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)]):
-                                rq_unsorted[U64(dd)] = True
-                            rq_size[U64(dd)] += 1
-                            if not running[U64(dd)] and not dev_pending[U64(dd)]:
-                                dev_pending[U64(dd)] = True
-                                dpend[U64(n_dpend)] = dd
-                                n_dpend += 1
-            else:
-                # -- a receive task ended: the tensor is on its destination
-                x = i
-                t = x_tensor[U64(x)]
-                dd = x_dst[U64(x)]
-                running[U64(dd)] = False
-                if not dev_pending[U64(dd)]:
-                    dev_pending[U64(dd)] = True
-                    dpend[U64(n_dpend)] = dd
-                    n_dpend += 1
-                for e in range(tensor_ptr[U64(t)], tensor_ptr[U64(t + 1)]):
-                    c = tensor_cons[U64(e)]
-                    other = placement[U64(c)] ^ dd  # counted down without a test, as above
-                    on_dd = np.int32(other == 0)
-                    missing[U64(c)] -= on_dd
-                    wm -= on_dd * (rank[U64(c)] + 1)
-                    if (missing[U64(c)] | other) == 0:
                         if not readyq_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)]):
                             rq_unsorted[U64(dd)] = True
                         rq_size[U64(dd)] += 1
+                        if not running[U64(dd)] and not dev_pending[U64(dd)]:  # (after a receive: already)
+                            dev_pending[U64(dd)] = True
+                            dpend[U64(n_dpend)] = dd
+                            n_dpend += 1
     if ck is not None:
         if record and next_ck > 0 and matched < 0:
             for d in range(D):
