@@ -886,7 +886,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         if not readyq_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)]):
                             rq_unsorted[U64(dd)] = True
                         rq_size[U64(dd)] += 1
-                        if not running[U64(dd)] and not dev_pending[U64(dd)]:  # (after a receive: already)
+                        if not running[U64(dd)] and not dev_pending[U64(dd)]:  # a receive marked dd already
                             dev_pending[U64(dd)] = True
                             dpend[U64(n_dpend)] = dd
                             n_dpend += 1
