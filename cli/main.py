@@ -240,11 +240,12 @@ def cli():
     """
 
 
-def fail(message: str, code: int, as_json: bool) -> None:
-    """Print an error as one line on stderr (one JSON object under ``--json``) and exit."""
+def fail(message: str, code: int, as_json: bool, **extra) -> None:
+    """Print an error as one line on stderr (one JSON object under ``--json``, with the
+    keys of ``extra`` too) and exit."""
     message = " ".join(str(message).split())  # one line, whatever the exception held
     if as_json:
-        click.echo(json.dumps({"error": message, "exit_code": code}), err=True)
+        click.echo(json.dumps({"error": message, "exit_code": code, **extra}), err=True)
     else:
         click.echo(f"placetool: {'error: ' if code == EXIT_USAGE else ''}{message}", err=True)
     if any(t.name == "SessionCloseThread" and t.is_alive() for t in threading.enumerate()):

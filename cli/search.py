@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 import traceback
 
 import click
@@ -14,7 +12,7 @@ from placetool.costmodel.errors import UserError
 from .common import (budget_options, check_writable, cluster_option, emit_json, fmt_us, graph_option,
                      json_option, load_problem, notes_compiles, out_option, profile_option, progress, quiet_option,
                      write_json)
-from .main import raise_if_stopped
+from .main import fail, raise_if_stopped
 
 DEFAULT_METHOD = "sa"
 #: baselines printed beside the result with --compare
@@ -236,24 +234,18 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     if interrupted:
         what = "interrupted" if interrupted == 130 else "terminated"
         kept = f"; the best placement so far is in {out}" if obj["out"] else ""
-        msg = f"{what} after {result.evaluations:,} placements{kept}"
-        click.echo(json.dumps({"error": msg, "exit_code": interrupted}) if as_json else f"placetool: {msg}",
-                   err=True)
-        sys.exit(interrupted)
+        fail(f"{what} after {result.evaluations:,} placements{kept}", interrupted, as_json)
     if failed is not None:
         kept = f"; the best placement found before it is in {out}" if obj["out"] else ""
         msg = (f"method {method!r} failed after {result.evaluations:,} placements ({obj['failed']}){kept}. "
                f"This is a bug in placetool; please report it with the traceback")
         trace = "".join(traceback.format_exception(failed))
-        if as_json:
-            click.echo(json.dumps({"error": msg, "exit_code": 1, "traceback": trace}), err=True)
-        else:
-            click.echo(f"{trace}placetool: {msg} above", err=True)
-        sys.exit(1)
+        if not as_json:
+            click.echo(trace, err=True, nl=False)
+            msg += " above"
+        fail(msg, 1, as_json, traceback=trace)
     if not result.feasible:
-        msg = f"the best placement found does not fit: {reason}" + (f"; {out} not written" if out else "")
-        click.echo(json.dumps({"error": msg, "exit_code": 1}) if as_json else f"placetool: {msg}", err=True)
-        sys.exit(1)
+        fail(f"the best placement found does not fit: {reason}" + (f"; {out} not written" if out else ""), 1, as_json)
 
 
 def _print_human(g, cl, obj, baselines, out) -> None:
