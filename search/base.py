@@ -211,9 +211,8 @@ class Tracker:
         """True once the budget is spent."""
         if self.budget.evals is not None and self.evaluations >= self.budget.evals:
             return True
-        if work_clock() >= self._deadline:
-            return True
-        return self.budget.seconds is not None and self.seconds >= self.budget.seconds
+        now = work_clock()
+        return now >= self._deadline or (self.budget.seconds is not None and now - self.t0 >= self.budget.seconds)
 
     @contextmanager
     def sub_budget(self, seconds: float):
