@@ -159,3 +159,14 @@ class ForegroundRun:
             self.proc.kill()
             self.proc.communicate()
         os.close(self._master)
+
+
+def compiling(seconds: float) -> None:
+    """Hold numba's compile event open for ``seconds``, as a long compile (a machine's
+    first run) does."""
+    import time
+
+    from numba.core import event
+
+    with event.trigger_event("numba:compile", data={}):
+        time.sleep(seconds)

@@ -13,19 +13,16 @@ from placetool.search import Budget, Problem, run
 from placetool.search import base as B
 from placetool.search.base import Tracker
 
+from .helpers import compiling
 
-def _fresh_kernel(terms: int):
-    """A kernel no process has compiled yet (no cache): ``terms`` statements long."""
+
+def _fresh_kernel(terms: int = 1, module: str = __name__):
+    """A kernel no process has compiled yet (no cache): ``terms`` statements long, its
+    function defined in ``module`` (as numba's compile event reports it)."""
     body = "\n".join(f"    s += x[{i % 7}] * {i + 1}.0" for i in range(terms))
-    scope = {}
+    scope = {"__name__": module}
     exec(f"def f(x):\n    s = 0.0\n{body}\n    return s\n", scope)
     return numba.njit(cache=False)(scope["f"])
-
-
-def _compiling(seconds: float):
-    """Hold numba's compile event open for ``seconds``, as a long compile does."""
-    with event.trigger_event("numba:compile", data={}):
-        time.sleep(seconds)
 
 
 def test_a_first_call_counts_as_compiling_and_a_second_does_not():
@@ -40,9 +37,9 @@ def test_a_first_call_counts_as_compiling_and_a_second_does_not():
     assert compile_seconds() == c1
 
 
-def test_work_clock_stands_still_while_compiling():
+def test_work_clock_stands_still_whilecompiling():
     w0, c0 = work_clock(), compile_seconds()
-    _compiling(0.3)
+    compiling(0.3)
     assert compile_seconds() - c0 >= 0.3
     assert work_clock() - w0 < 0.1
 
@@ -50,7 +47,7 @@ def test_work_clock_stands_still_while_compiling():
 def test_nested_compiles_count_once():
     c0 = compile_seconds()
     with event.trigger_event("numba:compile", data={}):
-        _compiling(0.2)  # a callee compiled inside its caller's compile
+        compiling(0.2)  # a callee compiled inside its caller's compile
         time.sleep(0.1)
     assert 0.3 <= compile_seconds() - c0 < 0.4
 
@@ -64,19 +61,19 @@ def test_a_compile_that_fails_still_ends():
     assert work_clock() - w0 >= 0.2  # the clock runs again
 
 
-def test_a_budget_of_seconds_is_not_spent_compiling():
+def test_a_budget_of_seconds_is_not_spentcompiling():
     p = Problem(CostModel(presets.load_graph("synthetic-100"), presets.load_cluster("k80x2")))
     t = Tracker(p, Budget(seconds=0.2))
-    _compiling(0.4)
+    compiling(0.4)
     assert not t.done() and t.seconds < 0.2 and t.compile_seconds >= 0.4
     with t.sub_budget(0.1):
-        _compiling(0.2)
+        compiling(0.2)
         assert not t.done()
 
 
 def _compiles_then_scores(problem, budget, seed, tracker):
     """A method whose kernels compile for longer than its budget, then score."""
-    _compiling(0.5)
+    compiling(0.5)
     if tracker.done():
         return {"scored": 0}
     tracker.evaluate(np.zeros((1, problem.n_groups), np.int32))
@@ -93,29 +90,23 @@ def test_a_cold_start_searches_its_whole_budget_and_reports_the_compile(monkeypa
     assert r.to_dict()["compile_seconds"] == r.compile_seconds
 
 
-def _fresh_kernel_in(module: str):
-    scope = {"__name__": module}
-    exec("def f(x):\n    return x[0] * 2.0 + x[1]\n", scope)
-    return numba.njit(cache=False)(scope["f"])
-
-
 def test_the_cli_says_once_why_a_first_run_pauses(monkeypatch, capsys):
     from placetool.cli import common
 
     monkeypatch.setattr(common, "_COMPILE_NOTED", [])
     x = np.arange(2.0)
     with common.compile_note(True):
-        _fresh_kernel_in("someone.else")(x)  # not one of placetool's kernels: nothing to explain
+        _fresh_kernel(module="someone.else")(x)  # not one of placetool's kernels: nothing to explain
     assert capsys.readouterr().err == ""
     with common.compile_note(False):
-        _fresh_kernel_in("placetool.costmodel.kernels_of_a_test")(x)  # --quiet, --json
+        _fresh_kernel(module="placetool.costmodel.kernels_of_a_test")(x)  # --quiet, --json
     assert capsys.readouterr().err == ""
     with common.compile_note(True):
-        _fresh_kernel_in("placetool.costmodel.kernels_of_a_test")(x)
-        _fresh_kernel_in("placetool.search.kernels_of_a_test")(x)
+        _fresh_kernel(module="placetool.costmodel.kernels_of_a_test")(x)
+        _fresh_kernel(module="placetool.search.kernels_of_a_test")(x)
     assert capsys.readouterr().err == common.COMPILE_NOTE + "\n"
     with common.compile_note(True):
-        _fresh_kernel_in("placetool.costmodel.kernels_of_a_test")(x)  # said already in this process
+        _fresh_kernel(module="placetool.costmodel.kernels_of_a_test")(x)  # said already in this process
     assert capsys.readouterr().err == ""
 
 
@@ -145,7 +136,7 @@ def test_an_end_without_its_start_leaves_the_clock_running():
     time.sleep(0.2)
     assert work_clock() - w0 >= 0.2
     c0 = compile_seconds()
-    _compiling(0.2)
+    compiling(0.2)
     assert 0.2 <= compile_seconds() - c0 < 0.3
 
 

@@ -23,6 +23,8 @@ from placetool.search.report import markdown, summarize, tables
 from placetool.search.store import KEY, ResultStore, StoreError
 from placetool.search.sweep import SweepError, cpu_count, load_sweep, run_one, run_sweep
 
+from .helpers import compiling
+
 ROOT = Path(__file__).resolve().parents[1]
 
 GRID = """
@@ -291,12 +293,7 @@ timeout_seconds = 0.5
 
 def _compiles_past_the_timeout(problem, budget, seed, tracker):
     """A first run on a machine: its kernels compile for longer than the run's timeout."""
-    import time
-
-    from numba.core import event
-
-    with event.trigger_event("numba:compile", data={}):
-        time.sleep(0.8)
+    compiling(0.8)
     tracker.evaluate(np.zeros((1, problem.n_groups), np.int32))
 
 
@@ -304,7 +301,7 @@ def _compiles_past_the_timeout(problem, budget, seed, tracker):
 def test_a_runs_timeout_leaves_compiling_out_as_its_budget_does(monkeypatch):
     from placetool.search import base as B
     from placetool.search import sweep
-    from placetool.search.sweep import Run, run_one
+    from placetool.search.sweep import Run
 
     monkeypatch.setitem(B.REGISTRY, "compiles-past-timeout", B.MethodInfo(
         "compiles-past-timeout", _compiles_past_the_timeout, "compiles, then scores", B.Budget(evals=1), None))
