@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 from placetool.costmodel.errors import UserError, atomic_write
+from placetool.costmodel.jitclock import work_clock
 from placetool.costmodel.procs import process_alive
 
 SWEEP_KEYS = {"name", "graphs", "clusters", "methods", "seeds", "budget_seconds", "budget_evals",
@@ -344,8 +345,6 @@ def run_one(run: Run, threads: int | None = None) -> dict:
 
         rec["numba_threads"] = numba.get_num_threads()
         if alarm:
-            from placetool.costmodel.jitclock import work_clock
-
             w0, wall0 = work_clock(), time.perf_counter()
 
             def _timeout(signum, frame):
