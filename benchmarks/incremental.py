@@ -3,6 +3,7 @@
     python benchmarks/incremental.py                    # table
     python benchmarks/incremental.py --moves 200 --json
     python benchmarks/incremental.py --annealer 10      # on the calls of a real sa run
+    python benchmarks/incremental.py --annealer 10 --bound   # how much of those moves' runs change
 
 For each graph (synthetic-10k and synthetic-50k on k80x4 by default) and each base
 placement — ``chunks`` (groups cut in topological order into one contiguous run per
@@ -33,6 +34,12 @@ and compound moves it scores, each accepted move it commits, each restart) and r
 four ways, timed in blocks (wall time): full simulations one by one and the incremental
 simulator on one thread (per core), the batch simulator and the incremental simulator
 on every core (what ``mode="batch"`` and ``mode="incremental"`` do).
+
+``--annealer SECONDS --bound`` times nothing: it traces the recorded moves and the
+placement each moves from, and counts the events (ops and transfers) whose device or
+times differ. An exact incremental engine must handle at least those, so events / changed
+events bounds its speed-up over full runs (``bound``); ``no early stop`` bounds one that
+restarts at the first changed event and runs to the end.
 """
 
 from __future__ import annotations
@@ -157,6 +164,20 @@ class _Recorder:
         return self._inc.evaluate_many(moves)
 
 
+def candidates(cur, batch) -> list:
+    """The assignments a recorded batch scores: each move ``(group, device)`` applied to
+    ``cur``, or a whole assignment as recorded."""
+    out = []
+    for m in batch:
+        if isinstance(m, np.ndarray):
+            out.append(m)
+        else:
+            b = cur.copy()
+            b[m[0]] = m[1]
+            out.append(b)
+    return out
+
+
 def record_annealing(problem, seconds: float, seed: int) -> list:
     """Run ``sa`` for ``seconds`` and return the calls it made to its incremental
     simulator: ("base", a), ("commit", a), ("batch", [(group, device) or a, ...])."""
@@ -192,17 +213,6 @@ def bench_annealer(graph: str, cluster: str, seconds: float, seed: int, rounds: 
     log = record_annealing(pr, seconds, seed)
     a0 = log[0][1]
     n_eval = sum(len(x[1]) for x in log if x[0] == "batch")
-
-    def candidates(cur, batch):
-        out = []
-        for m in batch:
-            if isinstance(m, np.ndarray):
-                out.append(m)
-            else:
-                b = cur.copy()
-                b[m[0]] = m[1]
-                out.append(b)
-        return out
 
     def replay_full(batched):
         cur, out = a0, []
@@ -258,6 +268,74 @@ def bench_annealer(graph: str, cluster: str, seconds: float, seed: int, rounds: 
     }
 
 
+def changed_events(base, cand) -> tuple[int, int, float]:
+    """Events of ``cand``'s traced run that differ from ``base``'s (ops whose device or
+    start moved, transfers that are new or whose start or end moved, and base transfers
+    that no longer happen), the base run's events in all (ops + transfers), and the time
+    of the first differing event (inf if none). An exact incremental engine must handle
+    at least the changed events, and restart no later than the first."""
+    moved = (base.op_start != cand.op_start) | (base.placement != cand.placement)
+    first = float(np.min(np.minimum(base.op_start[moved], cand.op_start[moved]), initial=np.inf))
+
+    def keyed(tr):
+        return {(int(t), int(s), int(d)): (float(a), float(b))
+                for t, s, d, a, b in zip(tr.x_tensor, tr.x_src, tr.x_dst, tr.x_start, tr.x_end)}
+
+    xb, xc = keyed(base), keyed(cand)
+    xs = 0
+    for k in xb.keys() | xc.keys():
+        a, b = xb.get(k), xc.get(k)
+        if a != b:
+            xs += 1
+            first = min(first, *(v[0] for v in (a, b) if v is not None))
+    return int(np.count_nonzero(moved)) + xs, len(base.op_start) + len(xb), first
+
+
+def bench_bound(graph: str, cluster: str, seconds: float, seed: int, every: int = 5) -> dict:
+    """How much of each move's run an exact incremental engine must redo, on the moves a
+    real ``sa`` run scores: every ``every``-th batch's candidates are traced and compared
+    event by event with the current placement's traced run. A move costs at least its
+    changed events, so sum(events) / sum(changed events) bounds any exact incremental
+    engine's speed-up over full runs from above (commits not even counted); and
+    sum(events) / sum(events from the first changed event on) bounds an engine that restarts
+    at the first change and never stops early."""
+    from placetool.costmodel import CostModel, presets
+    from placetool.search import Problem
+
+    cm = CostModel(presets.load_graph(graph), presets.load_cluster(cluster))
+    pr = Problem(cm)
+    log = record_annealing(pr, seconds, seed)
+    cur, n_batch, changed, total, after, first = log[0][1], 0, [], [], [], []
+    for x in log[1:]:
+        if x[0] != "batch":
+            cur = x[1]
+            continue
+        n_batch += 1
+        if n_batch % every:
+            continue
+        tb = cm.simulate(cur, trace=True).trace
+        span = float(np.max(tb.op_end))
+        for b in candidates(cur, x[1]):
+            tc = cm.simulate(b, trace=True).trace
+            ch, tot, t0 = changed_events(tb, tc)
+            changed.append(ch)
+            total.append(tot)
+            first.append(min(t0 / span, 1.0))
+            # what a run restarted exactly at the first changed event and run to the end handles
+            after.append(int(np.count_nonzero(tb.op_start >= t0) + np.count_nonzero(tb.x_start >= t0)))
+    changed, total, after = np.array(changed, float), np.array(total, float), np.array(after, float)
+    share = changed / total
+    spread = changed / np.maximum(after, 1.0)  # of the events from the first change on, how many changed
+    return {
+        "graph": graph, "cluster": cluster, "base": f"sa {seconds:g} s", "moves": len(changed),
+        "first_change_at": float(np.mean(first)), "changed_share": float(share.mean()),
+        "changed_q10": float(np.quantile(share, 0.1)), "changed_q50": float(np.quantile(share, 0.5)),
+        "changed_q90": float(np.quantile(share, 0.9)), "bound": float(total.sum() / max(changed.sum(), 1.0)),
+        "bound_restart": float(total.sum() / max(after.sum(), 1.0)),
+        "changed_after_q50": float(np.quantile(spread, 0.5)),
+    }
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--graphs", nargs="+", default=["synthetic-10k", "synthetic-50k"])
@@ -268,16 +346,31 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per method (medians reported)")
     ap.add_argument("--annealer", type=float, default=0.0, metavar="SECONDS",
                     help="instead, replay the calls an sa run of SECONDS makes (its own moves, and its commits)")
+    ap.add_argument("--bound", action="store_true",
+                    help="with --annealer: how much of each move's run changes (an upper bound on any exact "
+                         "incremental engine's speed-up), instead of timing")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    if args.annealer > 0:
+    if args.bound and args.annealer <= 0:
+        ap.error("--bound measures sa's own moves: give --annealer SECONDS")
+    if args.bound:
+        rows = [bench_bound(g, args.cluster, args.annealer, args.seed) for g in args.graphs]
+    elif args.annealer > 0:
         rows = [bench_annealer(g, args.cluster, args.annealer, args.seed, args.rounds) for g in args.graphs]
     else:
         rows = [bench(g, args.cluster, b, args.moves, args.seed, args.rounds) for g in args.graphs for b in args.bases]
     if args.json:
         print(json.dumps({"rows": rows}))
         return
-    if args.annealer > 0:
+    if args.bound:
+        title = ("share of a move's events (ops and transfers) whose device or times differ from the current "
+                 "placement's run; bound = events / changed events, summed over the moves")
+        cols = [("graph", "graph", "<14"), ("sa run", "base", "<8"), ("moves", "moves", ">6"),
+                ("1st change@", "first_change_at", ">11.2f"), ("changed", "changed_share", ">8.1%"),
+                ("p10", "changed_q10", ">6.1%"), ("p50", "changed_q50", ">6.1%"), ("p90", "changed_q90", ">6.1%"),
+                ("bound", "bound", ">6.2f"), ("no early stop", "bound_restart", ">13.2f"),
+                ("changed after 1st, p50", "changed_after_q50", ">22.1%")]
+    elif args.annealer > 0:
         title = ("ms = wall ms per evaluation, incremental paying for sa's commits too; full and incr on one "
                  "core, batch and incr-all on every core")
         cols = [("graph", "graph", "<14"), ("sa run", "base", "<8"), ("evals", "evaluations", ">6"),
@@ -292,16 +385,20 @@ def main(argv=None) -> None:
                 ("range", "range", ">11"), ("nostop ms", "incr_nostop_ms", ">9.2f"),
                 ("speedup", "speedup_nostop", ">6.2f"), ("restart@", "restart_at", ">8.2f"),
                 ("stopped", "stopped_early", ">7.0%"), ("base ms", "base_ms", ">8.1f")]
-    print(f"cluster {args.cluster}; {title}, median of {args.rounds} rounds (range: speedup's min-max over rounds); "
-          "every answer checked equal to the full simulation")
+    if args.bound:
+        print(f"cluster {args.cluster}; {title}")
+    else:
+        print(f"cluster {args.cluster}; {title}, median of {args.rounds} rounds (range: speedup's min-max over "
+              "rounds); every answer checked equal to the full simulation")
     # the header takes each column's alignment and width (">8.2f" -> ">8")
     hdr = " ".join(format(name, spec[0] + spec[1:].split(".")[0].rstrip("f%")) for name, _, spec in cols)
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        r = dict(r, range="{:.2f}-{:.2f}x".format(*r["speedup_range"]),
+        r = dict(r, range="{:.2f}-{:.2f}x".format(*r.get("speedup_range", (0, 0))),
                  range_all="{:.2f}-{:.2f}x".format(*r.get("speedup_all_range", (0, 0))))
         print(" ".join(format(r[key], spec) for _, key, spec in cols))
+
 
 if __name__ == "__main__":
     main()
