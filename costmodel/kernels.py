@@ -619,14 +619,18 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     since = every if start_ck < 0 else 0
     cj = start_ck + 1  # next base checkpoint to compare against
     fresh = start_ck < 0  # no event handled yet
-    # rank-weighted sums of missing inputs and output references: a cheap first test of
-    # whether two states can be equal
+    # op-weighted sums of missing inputs and output references: a cheap first test of
+    # whether two states can be equal (a restored checkpoint saved its own)
     wm = np.int64(0)
     wo = np.int64(0)
-    if INCR:
-        for op in range(n):
-            wm += missing[op] * np.int64(rank[op] + 1)
-            wo += out_refs[op] * np.int64(rank[op] + 1)
+    if ck is not None:
+        if start_ck >= 0:
+            wm = ck.i[start_ck, 4]
+            wo = ck.i[start_ck, 5]
+        else:
+            for op in range(n):
+                wm += missing[op] * np.int64(op + 1)
+                wo += out_refs[op] * np.int64(op + 1)
 
     matched = -1
     while True:
@@ -749,7 +753,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                     prod = tensor_op[U64(t)]
                     if placement[U64(prod)] == d:
                         out_refs[U64(prod)] -= 1
-                        wo -= rank[U64(prod)] + 1
+                        wo -= prod + 1
                         if out_refs[U64(prod)] == 0:
                             live[U64(d)] -= out_bytes[U64(prod)]
                     else:
@@ -766,7 +770,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         if dc == d:
                             refs += 1
                             missing[U64(c)] -= 1
-                            wm -= rank[U64(c)] + 1
+                            wm -= c + 1
                             if missing[U64(c)] == 0:
                                 if not readyq_push(rq, rq_base[U64(dc)], rq_size[U64(dc)], (epoch << 32) | rank[U64(c)]):
                                     rq_unsorted[U64(dc)] = True
@@ -804,7 +808,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 for e in range(ctrl_ptr[U64(op)], ctrl_ptr[U64(op + 1)]):
                     c = ctrl_dst[U64(e)]
                     missing[U64(c)] -= 1
-                    wm -= rank[U64(c)] + 1
+                    wm -= c + 1
                     if missing[U64(c)] == 0:
                         dc = placement[U64(c)]
                         if not readyq_push(rq, rq_base[U64(dc)], rq_size[U64(dc)], (epoch << 32) | rank[U64(c)]):
@@ -815,7 +819,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                             dpend[U64(n_dpend)] = dc
                             n_dpend += 1
                 out_refs[U64(op)] = refs
-                wo += refs * np.int64(rank[U64(op)] + 1)
+                wo += refs * np.int64(op + 1)
                 if refs == 0:
                     live[U64(d)] -= out_bytes[U64(op)]
             elif kind_key < 2 * key_span:
@@ -854,7 +858,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         n_pending += 1
                     prod = tensor_op[U64(t)]
                     out_refs[U64(prod)] -= 1
-                    wo -= rank[U64(prod)] + 1
+                    wo -= prod + 1
                     if out_refs[U64(prod)] == 0:
                         live[U64(s)] -= out_bytes[U64(prod)]
                     if has_tasks and xcost[2, U64(dd)] + tensor_bytes[U64(t)] * xcost[3, U64(dd)] != 0.0:
@@ -881,7 +885,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                     other = placement[U64(c)] ^ dd
                     on_dd = np.int32(other == 0)
                     missing[U64(c)] -= on_dd
-                    wm -= on_dd * (rank[U64(c)] + 1)
+                    wm -= on_dd * (c + 1)
                     if (missing[U64(c)] | other) == 0:
                         if not readyq_push(rq, rq_base[U64(dd)], rq_size[U64(dd)], (epoch << 32) | rank[U64(c)]):
                             rq_unsorted[U64(dd)] = True
