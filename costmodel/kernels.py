@@ -618,6 +618,9 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     next_ck = start_ck + 1
     since = every if start_ck < 0 else 0
     cj = start_ck + 1  # next base checkpoint to compare against
+    cj_t = np.inf  # its time: an instant before it needs no comparison
+    if ck is not None and cj < n_ck:
+        cj_t = ck.f[cj, 0]
     fresh = start_ck < 0  # no event handled yet
     # op-weighted sums of missing inputs and output references: a cheap first test of
     # whether two states can be equal (a restored checkpoint saved its own)
@@ -712,7 +715,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         n_x, makespan, wm, wo):
                     next_ck += 1
                     since = 0
-            if check:
+            if check and ev_t[n_ev - 1] >= cj_t:
                 while cj < n_ck and ck_f[cj, 0] < ev_t[n_ev - 1]:
                     cj += 1
                 if cj < n_ck and ck_f[cj, 0] == ev_t[n_ev - 1]:
@@ -721,6 +724,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         matched = cj
                         break
                     cj += 1
+                cj_t = ck_f[cj, 0] if cj < n_ck else np.inf
         # ---- handle every event of the next instant
         if ev_t[n_ev - 1] > now:
             epoch += 1
