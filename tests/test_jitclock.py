@@ -37,7 +37,7 @@ def test_a_first_call_counts_as_compiling_and_a_second_does_not():
     assert compile_seconds() == c1
 
 
-def test_work_clock_stands_still_whilecompiling():
+def test_work_clock_stands_still_while_compiling():
     w0, c0 = work_clock(), compile_seconds()
     compiling(0.3)
     assert compile_seconds() - c0 >= 0.3
@@ -61,7 +61,7 @@ def test_a_compile_that_fails_still_ends():
     assert work_clock() - w0 >= 0.2  # the clock runs again
 
 
-def test_a_budget_of_seconds_is_not_spentcompiling():
+def test_a_budget_of_seconds_is_not_spent_compiling():
     p = Problem(CostModel(presets.load_graph("synthetic-100"), presets.load_cluster("k80x2")))
     t = Tracker(p, Budget(seconds=0.2))
     compiling(0.4)
