@@ -6,9 +6,8 @@
 
 numba's machine code has no symbols a profiler can read, so the script finds it
 itself: a child process simulates random group assignments of ``--graph`` on
-``--cluster`` in a loop, writes the address of the compiled ``simulate_full`` and a
-copy of its machine code and of the functions it calls (the event loop ``_run`` is
-one), and runs under ``perf record -e cpu-clock`` (sampling real time, so cache and
+``--cluster`` in a loop, writes a copy of the machine code of the compiled
+``simulate_full``'s callees (the event loop ``_run`` is the one that runs most), and runs under ``perf record -e cpu-clock`` (sampling real time, so cache and
 branch misses show where they stall) or under callgrind with cache
 and branch simulation (counts that do not depend on other load on the machine). The
 samples that fall inside the function are matched to its disassembly (``objdump``);
@@ -41,25 +40,28 @@ cm = CostModel(presets.load_graph(graph), presets.load_cluster(cluster))
 rng = np.random.default_rng(0)
 P = [cm.graph.to_placement(Problem(cm).random_assignment(rng)) for _ in range(8)]
 cm.simulate(P[0])
+# The event loop (kernels._run) is a function of its own that simulate_full calls, and
+# code loaded from numba's cache has no symbol names to look up (nor does numba fill
+# _run's dispatcher then): take every absolute target that simulate_full loads by movabs
+# and that lies in executable memory, and dump each up to the next (or {size} bytes).
+# The parent profiles them all and annotates the one that runs the most: the loop.
+import re, subprocess
 (cres,) = kernels.simulate_full.overloads.values()
 entry = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
-# The event loop (kernels._run) is a function of its own in simulate_full's code library,
-# and code loaded from numba's cache has no symbol names to look up: find the functions
-# simulate_full calls (absolute targets loaded by movabs, then called) and dump from
-# the first of them (the loader may place a callee below simulate_full) to past the
-# last, within its memory mapping.
-import re, subprocess
 open(out + "/entry.bin", "wb").write(ctypes.string_at(entry, 0x4000))
 dis = subprocess.run(["objdump", "-D", "-b", "binary", "-m", "i386:x86-64", "-M", "intel", "--no-show-raw-insn",
                       out + "/entry.bin"], check=True, capture_output=True, text=True).stdout
-targets = [int(m, 16) for m in re.findall(r"movabs\s+\w+,0x([0-9a-f]+)", dis)]
-targets = [t for t in targets if 0 < abs(t - entry) < 1 << 24]
-maps = [tuple(int(x, 16) for x in ln.split()[0].split("-")) for ln in open("/proc/self/maps")]
-first, last = min(targets + [entry]), max(targets + [entry])
-end = min(last + {size}, next(hi for lo, hi in maps if lo <= last < hi))
-addr, size = first, end - first
-open(out + "/code.bin", "wb").write(ctypes.string_at(addr, size))
-json.dump({{"addr": addr, "size": size}}, open(out + "/addr.json", "w"))
+maps = [(int(a, 16), int(b, 16)) for a, b, perm in
+        (ln.split()[0].split("-") + [ln.split()[1]] for ln in open("/proc/self/maps")) if "x" in perm]
+starts = sorted({{entry}} | {{int(m, 16) for m in re.findall(r"movabs\s+\w+,0x([0-9a-f]+)", dis)}})
+starts = [a for a in starts if any(lo <= a < hi for lo, hi in maps)]
+regions = []
+for j, a in enumerate(starts):
+    hi = next(h for lo, h in maps if lo <= a < h)
+    end = min(a + {size}, hi, starts[j + 1] if j + 1 < len(starts) else hi)
+    open(out + f"/code{{j}}.bin", "wb").write(ctypes.string_at(a, end - a))
+    regions.append({{"addr": a, "size": end - a, "file": f"code{{j}}.bin"}})
+json.dump(regions, open(out + "/regions.json", "w"))
 t, k = time.perf_counter(), 0
 if {callgrind}:  # a few runs, counted from here on
     import os, subprocess
@@ -148,7 +150,7 @@ def main(argv=None) -> None:
         sys.exit(f"kernel_profile: needs {tool} and objdump on PATH")
     work = Path(args.out or tempfile.mkdtemp(prefix="kernel-profile-"))
     work.mkdir(parents=True, exist_ok=True)
-    child = CHILD.format(size=0x8000, callgrind=args.callgrind)
+    child = CHILD.format(size=0x40000, callgrind=args.callgrind)
     cmd = [sys.executable, "-c", child, args.graph, args.cluster, str(args.seconds), str(work)]
     if args.callgrind:
         cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-instr=yes", "--cache-sim=yes",
@@ -159,11 +161,15 @@ def main(argv=None) -> None:
     if run.returncode != 0:
         sys.exit(f"kernel_profile: the profiled run failed:\n{run.stderr[-2000:]}")
     runs = json.loads(run.stdout.strip().splitlines()[-1])
-    where = json.loads((work / "addr.json").read_text())
-    costs = (callgrind_costs if args.callgrind else perf_costs)(work, where["addr"], where["size"])
+    regions = json.loads((work / "regions.json").read_text())
+    measure = callgrind_costs if args.callgrind else perf_costs
+    region_costs = [measure(work, r["addr"], r["size"]) for r in regions]
+    # the region that runs the most is the event loop; the others are small callees
+    k = max(range(len(regions)), key=lambda j: sum(c[0] for c in region_costs[j].values()))
+    costs, code = region_costs[k], work / regions[k]["file"]
     names = CALLGRIND_EVENTS if args.callgrind else ("samples",)
     total = [sum(c[j] for c in costs.values()) or 1 for j in range(len(names))]
-    rows = disassemble(work / "code.bin")
+    rows = disassemble(code)
 
     def cells(off):
         c = costs.get(off, [0] * len(names))
@@ -172,7 +178,7 @@ def main(argv=None) -> None:
     listing = work / "annotated.txt"
     listing.write_text("".join(f"{o:6x}  {cells(o)}  {ins}\n" for o, ins in rows))
     print(f"{args.graph} on {args.cluster}: {runs['runs']} simulations, {runs['ms_per_run']:.3f} ms each "
-          f"({'under callgrind' if args.callgrind else 'sampled by perf'}); in simulate_full and what it calls: "
+          f"({'under callgrind' if args.callgrind else 'sampled by perf'}); in the event loop (the most run of simulate_full's callees): "
           + ", ".join(f"{total[j]:,} {n}" for j, n in enumerate(names)))
     index = {o: i for i, (o, _) in enumerate(rows)}
     rank = CALLGRIND_EVENTS.index(args.by) if args.callgrind else 0
