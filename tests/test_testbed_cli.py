@@ -157,7 +157,7 @@ def test_worker_killed_during_verify_is_named(tmp_path):
         (tmp_path / "spec.json").write_text(json.dumps({"worker": tb.spec.workers}))
         p = subprocess.Popen([sys.executable, "-m", "placetool.cli.main", "verify", "-g", "mlp", "--batch", "16",
                               "-p", "round-robin", "-c", "cpu2.toml", "--cluster-spec", "spec.json",
-                              "--steps", "1000000", "--warmup", "1", "--timeout", "30"],
+                              "--steps", "1000000", "--warmup", "1", "--timeout", "10"],
                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         err = ""
         for line in p.stderr:  # wait until it measures
