@@ -57,16 +57,25 @@ def callgrind_instructions(setup: str, body: str, reps: int) -> float:
     callgrind with instrumentation switched on only around the loop (``callgrind_control
     -i on``), so interpreter start, imports and the numba cache load are not counted.
     Instruction counts do not depend on other load on the machine, unlike times."""
+    return callgrind_counts(setup, body, reps, simulate=False)["Ir"]
+
+
+def callgrind_counts(setup: str, body: str, reps: int, simulate: bool = True) -> dict:
+    """Callgrind's counts per repetition of ``body`` (see :func:`callgrind_instructions`);
+    with ``simulate`` also cache and branch misses (``D1mr``, ``Bcm``, ...)."""
     ctl = "import os, subprocess\ndef _cg(on):\n    subprocess.run(['callgrind_control', '-i', on, str(os.getpid())], check=True, capture_output=True)\n"
     loop = f"_cg('on')\nfor i in range({reps}):\n" + "\n".join("    " + ln for ln in body.splitlines()) + "\n_cg('off')\n"
+    sims = ["--cache-sim=yes", "--branch-sim=yes"] if simulate else []
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "cg.out")
         env = dict(os.environ, NUMBA_NUM_THREADS="1")
-        subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+        subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", *sims, f"--callgrind-out-file={out}",
                         sys.executable, "-c", setup + ctl + loop], env=env, check=True, capture_output=True)
         with open(out) as f:
-            totals = [ln for ln in f if ln.startswith(("summary:", "totals:"))]
-    return int(totals[-1].split()[1]) / reps
+            lines = f.read().splitlines()
+    events = next(ln for ln in lines if ln.startswith("events:")).split()[1:]
+    totals = [ln for ln in lines if ln.startswith(("summary:", "totals:"))][-1].split()[1:]
+    return {e: int(v) / reps for e, v in zip(events, totals)}
 
 
 def timed(fn, reps: int, clock=time.process_time) -> float:
