@@ -7,9 +7,10 @@
 numba's machine code has no symbols a profiler can read, so the script finds it
 itself: a child process simulates random group assignments of ``--graph`` on
 ``--cluster`` in a loop, writes a copy of the machine code of the compiled
-``simulate_full``'s callees (the event loop ``_run`` is the one that runs most), and runs under ``perf record -e cpu-clock`` (sampling real time, so cache and
-branch misses show where they stall) or under callgrind with cache
-and branch simulation (counts that do not depend on other load on the machine). The
+``simulate_full`` and of each function it calls (the event loop ``_run`` is the one
+that runs the most), and runs under ``perf record -e cpu-clock`` (sampling real time,
+so cache and branch misses show where they stall) or under callgrind with cache and
+branch simulation (counts that do not depend on other load on the machine). The
 samples that fall inside the function are matched to its disassembly (``objdump``);
 the hottest instructions are printed with the code around them, and the whole
 annotated listing is written to ``--out``. Read an instruction's source line off
@@ -178,7 +179,8 @@ def main(argv=None) -> None:
     listing = work / "annotated.txt"
     listing.write_text("".join(f"{o:6x}  {cells(o)}  {ins}\n" for o, ins in rows))
     print(f"{args.graph} on {args.cluster}: {runs['runs']} simulations, {runs['ms_per_run']:.3f} ms each "
-          f"({'under callgrind' if args.callgrind else 'sampled by perf'}); in the event loop (the most run of simulate_full's callees): "
+          f"({'under callgrind' if args.callgrind else 'sampled by perf'}); "
+          "in the event loop (of simulate_full and its callees, the one that runs the most): "
           + ", ".join(f"{total[j]:,} {n}" for j, n in enumerate(names)))
     index = {o: i for i, (o, _) in enumerate(rows)}
     rank = CALLGRIND_EVENTS.index(args.by) if args.callgrind else 0
