@@ -18,9 +18,10 @@ Memory is where the transfers come back. A received copy is allocated when its
 transfer starts, which may be after a busy link frees up, and the producer's output is
 freed when its last transfer has landed: both happen between the device events. Exact
 peaks need them in time order, so ``memory=True`` keeps a heap of these pending changes
-(frees before allocations at one instant, as in the engine: a change's kind sits in
-its key's top bits). ``memory=False`` leaves
-peaks out, to show what the events alone cost.
+(frees before allocations at one instant, as in the engine: a change's kind sits in its
+key's top bits). ``memory=False`` leaves peaks out, to show what the events alone cost.
+The figures, and a second way to keep peaks exact that was tried, are in
+``benchmarks/README.md`` ("Transfers without events").
 
 The script first checks that the design gives the engine's step time and per-device
 peak memory exactly on every placement, then times both kernels side by side
