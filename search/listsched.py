@@ -290,7 +290,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
         op, size = _hpop(k1, k2, ids, size)
         g = group[op]
         fallbacks += _candidates(op, g, T, gdev, gmem, used, cap, forced[op], cand)
-        bf, bs, bd, bi = np.inf, 0.0, -1, 0
+        bf, bs, bd, bi = np.inf, 0.0, np.int64(-1), np.int64(0)
         for d in range(D):
             if not cand[d]:
                 continue
@@ -456,12 +456,12 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
     arrive, link_s, link_e, link_cnt = _link_timelines(tensor_bytes.shape[0], in_tensor.shape[0], D, queued)
     for v in range(n):
         if indeg[v] == 0:
-            fb_of[v] = _etf_queue_all(v, tie, T, gdev, gmem, used, cap, -1, dr, avail, group, cand, inq,
+            fb_of[v] = _etf_queue_all(v, tie, T, gdev, gmem, used, cap, pref[v], dr, avail, group, cand, inq,
                                       pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
     fallbacks = 0
     placed = 0
     while placed < n:
-        bs, bt, bd, bop = np.inf, np.int64(1) << 62, -1, -1
+        bs, bt, bd, bop = np.inf, np.int64(1) << 62, np.int64(-1), np.int64(-1)
         for d in range(D):
             # drop stale heads, move ops whose data has arrived to the ready heap, and
             # take off d an op that may no longer go there (re-queued where it may)
