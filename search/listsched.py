@@ -290,7 +290,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
         op, size = _hpop(k1, k2, ids, size)
         g = group[op]
         fallbacks += _candidates(op, g, T, gdev, gmem, used, cap, forced[op], cand)
-        bf, bs, bd, bi = np.inf, 0.0, np.int64(-1), np.int64(0)
+        bf, bs, bd, bi = np.inf, 0.0, np.int64(-1), np.int64(0)  # int64: see etf_schedule
         for d in range(D):
             if not cand[d]:
                 continue
@@ -461,6 +461,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
     fallbacks = 0
     placed = 0
     while placed < n:
+        # int64, not a literal -1: numba would compile spare copies of the helpers called with them
         bs, bt, bd, bop = np.inf, np.int64(1) << 62, np.int64(-1), np.int64(-1)
         for d in range(D):
             # drop stale heads, move ops whose data has arrived to the ready heap, and
