@@ -20,11 +20,19 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/placetool search --method rl --compare
 
+# Most tests wait on TensorFlow start-ups, subprocesses and compiles, so two workers
+# halve the suite's wall time on 2 cores. Whole files go to one worker: their
+# module fixtures (a testbed, a built wheel, a sweep's store) are made once.
+# More than 4 workers would each load TensorFlow for little gain; `TEST_JOBS=0` runs
+# the suite in this process.
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+PYTEST := $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/simulator.py
