@@ -292,7 +292,7 @@ def progress(total: int | None, label: str, enabled: bool = True) -> Progress:
 
 
 #: what :func:`compile_note` says
-COMPILE_NOTE = ("placetool: compiling kernels for this machine, once (up to about a minute; numba keeps them "
+COMPILE_NOTE = ("placetool: compiling kernels for this machine, once (a minute or two; numba keeps them "
                 "for later runs, and search budgets leave this time out)")
 
 

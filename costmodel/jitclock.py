@@ -3,7 +3,7 @@
 Each kernel compiles on its first call on a machine; later processes load it from
 numba's cache in well under a second. A first search on a new machine compiles about a
 hundred kernels (the simulator, the list schedulers that seed a search, the critical
-path), which takes about a minute on two cores: more than a short budget. Budgets
+path), which takes one to two minutes on two cores: more than a short budget. Budgets
 (:class:`placetool.search.Tracker`), ``sa``'s timing of its two engines and the rl
 trainer read :func:`work_clock`, so a first run searches as long and as well as any
 later one, and the compile time is reported on its own (:func:`compile_seconds`).

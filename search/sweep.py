@@ -349,7 +349,7 @@ def run_one(run: Run, threads: int | None = None) -> dict:
 
             def _timeout(signum, frame):
                 # the limit counts work, as the budget does: a machine's first runs also compile
-                # (up to about a minute), and that waits on; a compile past COMPILE_GRACE_S does not
+                # (a minute or two), and that waits on; a compile past COMPILE_GRACE_S does not
                 left = run.timeout_seconds - (work_clock() - w0)
                 grace = run.timeout_seconds + COMPILE_GRACE_S - (time.perf_counter() - wall0)
                 if min(left, grace) > 0.01:
