@@ -148,12 +148,18 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
         # a window the user opens runs to the end unless they close it too
         defaults.pop("compound_until", None)
     cfg = TrainConfig.from_options({**defaults, **options})
+    if folder is not None and knobs:
+        raise SearchError(f"rl: {', '.join(sorted(knobs))} cannot change a policy loaded with init_from")
+    # a pre-trained policy with one evaluation places zero-shot: its own mode, no seeds
+    if zero_shot is None:
+        zero_shot = folder is not None and budget.evals is not None and budget.evals <= 1
+    if zero_shot and kind == "gdp" and logdir is None:
+        # nothing to train and nothing to log: the network runs in numpy, without TensorFlow
+        return _zero_shot_numpy(folder, policy, problem, tracker, cfg)
     tf()  # user mistakes above are reported before TensorFlow loads
     set_seed(seed)
     residual = None
     if folder is not None:
-        if knobs:
-            raise SearchError(f"rl: {', '.join(sorted(knobs))} cannot change a policy loaded with init_from")
         pol, meta = policies.load(folder, expect_policy=policy, n_devices=problem.n_devices)
         # a policy pre-trained without its residual table fine-tunes with one
         if not pol.residual:
@@ -167,9 +173,6 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
             raise SearchError(f"rl: policy {kind!r} has no option {', '.join(bad)}")
         pol = policies.make(kind, problem.n_devices, seed=seed, **knobs)
     seeded, start_us = None, None
-    # a pre-trained policy with one evaluation places zero-shot: its own mode, no seeds
-    if zero_shot is None:
-        zero_shot = folder is not None and budget.evals is not None and budget.evals <= 1
     if warm_start and residual is None and pol.residual and not zero_shot:
         residual, seeded = _warm_start(pol, problem, budget, seed, tracker, explore, pretrained=folder is not None)
         if seeded is not None:
@@ -195,11 +198,7 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
         score(tracker, _mode(pol, task))
         source = "policy's mode, scored after the budget (start-up took all of it)"
     elif zero_shot:
-        source = "policy's mode (zero-shot)" + (f", {fitted} groups moved to fit in memory" if fitted else "")
-        if not tracker.best_feasible and tracker.evaluations > 1:
-            source += "; out of memory still, after fitting"
-        elif not tracker.best_feasible:
-            source += "; out of memory (with zero_shot=true, more evaluations let groups move until it fits)"
+        source = _zero_shot_source(tracker, fitted)
     elif seeded is not None and not (task.best < start_us):
         source = f"warm start {seeded}"
     elif task.best_step is not None and task.best_origin == "compound":
@@ -219,8 +218,50 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
             "guide_updates": task.guide_updates, "improvements": dict(task.improvements),
             "compound_samples": task.compound_samples, "merge": cfg.merge, "merged_samples": task.merged_samples,
             "follow": cfg.follow, "compound_kinds": list(cfg.kinds()),
-            "kind_odds": task.odds.as_dict() if task.odds is not None else None,
+            "kind_odds": task.odds.as_dict() if task.odds is not None and not zero_shot else None,
             "samples_per_second": summary["samples"] / max(summary["seconds"], 1e-9)}
+
+
+def _zero_shot_source(tracker, fitted: int) -> str:
+    """What a zero-shot result's ``source`` says: the mode, and whether it was fitted."""
+    source = "policy's mode (zero-shot)" + (f", {fitted} groups moved to fit in memory" if fitted else "")
+    if not tracker.best_feasible and tracker.evaluations > 1:
+        source += "; out of memory still, after fitting"
+    elif not tracker.best_feasible:
+        source += "; out of memory (with zero_shot=true, more evaluations let groups move until it fits)"
+    return source
+
+
+def _zero_shot_numpy(folder, policy, problem, tracker, cfg) -> dict:
+    """A saved gdp network's zero-shot placement, its forward pass in numpy
+    (:mod:`placetool.rl.gdp_net`): the mode of the network's logits plus the residual
+    table saved for this very problem, if any, fitted into memory as
+    :func:`_place_zero_shot` does. The same placement as through TensorFlow."""
+    from placetool.search.memory import fit_memory
+    from placetool.search.partition import score
+
+    from . import gdp_net, policies
+
+    t0 = time.perf_counter()
+    _, pcfg, meta, ws = policies.read(folder, expect_policy=policy, n_devices=problem.n_devices)
+    w = gdp_net.checked_weights(folder, pcfg, ws)
+    atoms = gdp_net.atoms(problem, int(pcfg["max_devices"]))
+    net = gdp_net.logits(gdp_net.NUMPY, w, gdp_net.inputs(atoms), float(pcfg["tanh_c"])).astype(np.float64)
+    residual = policies.saved_residual(meta, problem, atoms)
+    table = residual[0].astype(np.float64) if residual is not None else 0.0
+    mode = atoms.expand(np.argmax(np.where(atoms.allowed, net + table, -np.inf), axis=1))
+    placed, _ = fit_memory(problem, mode, tracker)
+    if tracker.best_assignment is None:  # a seconds budget spent before the first evaluation
+        score(tracker, mode)
+    fitted = int(np.count_nonzero(placed != mode))
+    seconds = time.perf_counter() - t0
+    return {"policy": "gdp", "atoms": atoms.n, "groups": problem.n_groups, "coarsened": False, "steps": 0,
+            "samples_per_step": cfg.samples, "init_from": str(folder), "logdir": None, "warm_start": None,
+            "warm_start_us": None, "mode_start_us": float(tracker.history[0][2]) if tracker.history else None,
+            "source": _zero_shot_source(tracker, fitted), "vs_warm_start": None, "guide_updates": 0,
+            "improvements": {"policy": 0, "compound": 0, "merged": 0}, "compound_samples": 0,
+            "merge": cfg.merge, "merged_samples": 0, "follow": cfg.follow, "compound_kinds": list(cfg.kinds()),
+            "kind_odds": None, "samples_per_second": tracker.evaluations / max(seconds, 1e-9)}
 
 
 def _mode(pol, task) -> np.ndarray:

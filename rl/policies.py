@@ -28,7 +28,8 @@ import numpy as np
 
 from placetool.costmodel.errors import UserError, atomic_write
 
-from .features import N_BASE, OP_NUMERIC, TYPE_BUCKETS, AtomGraph, featurize, group_features, op_features
+from . import gdp_net
+from .features import N_BASE, OP_NUMERIC, TYPE_BUCKETS, AtomGraph, featurize
 from .tfutil import tf as _tf
 
 FORMAT = "placetool.rl-policy"
@@ -159,16 +160,8 @@ class Policy:
             biases = [tf.Variable(np.asarray(r, np.float32)) for r in (residual if residual is not None else priors)]
         else:
             biases = [tf.zeros(p.shape) for p in priors]
-        deg_in = np.bincount(atoms.dst, weights=atoms.w + 1.0, minlength=atoms.n)
-        deg_out = np.bincount(atoms.src, weights=atoms.w + 1.0, minlength=atoms.n)
         return {
-            "x": tf.constant(atoms.x),
-            "mask": tf.constant(atoms.allowed),
-            "src": tf.constant(atoms.src, tf.int32),
-            "dst": tf.constant(atoms.dst, tf.int32),
-            "w": tf.constant(atoms.w + 1.0),
-            "inv_in": tf.constant((1.0 / np.maximum(deg_in, 1.0)).astype(np.float32)[:, None]),
-            "inv_out": tf.constant((1.0 / np.maximum(deg_out, 1.0)).astype(np.float32)[:, None]),
+            **{k: tf.constant(v) for k, v in gdp_net.graph_inputs(atoms).items()},
             **{f"bias{i or ''}": b for i, b in enumerate(biases)},
             # a static part of every compiled function's cache key: a residual table is a
             # tf.Variable, whose shape a relaxed trace would otherwise take from the first problem
@@ -240,6 +233,25 @@ def saved_kind(folder) -> str:
 
 def load(folder, expect_policy: str | None = None, n_devices: int | None = None) -> tuple["Policy", dict]:
     """A saved policy and its metadata; PolicyError when it does not fit what is asked."""
+    kind, cfg, meta, ws = read(folder, expect_policy, n_devices)
+    mpath, wpath = Path(folder) / "policy.json", Path(folder) / "weights.npz"
+    try:
+        pol = make(kind, **cfg)
+    except PolicyError as e:
+        raise PolicyError(f"{mpath}: {e}") from None
+    except (TypeError, ValueError) as e:  # a key or value no policy takes
+        raise PolicyError(f"{mpath}: configuration does not fit a {kind!r} policy ({e})") from None
+    try:
+        pol.set_weights(ws)
+    except PolicyError as e:
+        raise PolicyError(f"{wpath}: {e}") from None
+    return pol, meta
+
+
+def read(folder, expect_policy: str | None = None,
+         n_devices: int | None = None) -> tuple[str, dict, dict, list[np.ndarray]]:
+    """What :func:`load` reads, without building the policy (so without TensorFlow):
+    (kind, configuration, metadata, weights in saved order). The same checks and errors."""
     folder = Path(folder)
     mpath = folder / "policy.json"
     if not mpath.is_file():
@@ -266,12 +278,8 @@ def load(folder, expect_policy: str | None = None, n_devices: int | None = None)
                           f"this cluster has {n_devices}")
     if kind == "gdp" and n_devices is not None:
         cfg["n_devices"] = n_devices  # the device slots are sliced to the cluster at hand
-    try:
-        pol = make(kind, **cfg)
-    except PolicyError as e:
-        raise PolicyError(f"{mpath}: {e}") from None
-    except (TypeError, ValueError) as e:  # a key or value no policy takes
-        raise PolicyError(f"{mpath}: configuration does not fit a {kind!r} policy ({e})") from None
+    if kind not in POLICIES:
+        raise PolicyError(f"{mpath}: unknown policy {kind!r} (known: {', '.join(POLICIES)})")
     wpath = folder / "weights.npz"
     try:
         with np.load(wpath, allow_pickle=False) as z:
@@ -281,11 +289,7 @@ def load(folder, expect_policy: str | None = None, n_devices: int | None = None)
                 meta["residual"] = [z[k] for k in res]
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # missing, cut short, damaged
         raise PolicyError(f"{wpath}: cannot read weights ({type(e).__name__}: {e})") from None
-    try:
-        pol.set_weights(ws)
-    except PolicyError as e:
-        raise PolicyError(f"{wpath}: {e}") from None
-    return pol, meta
+    return kind, cfg, meta, ws
 
 
 def fingerprint(problem, atoms: AtomGraph) -> dict:
@@ -573,89 +577,43 @@ class GDP(Policy):
         return {"layers": self.layers, "group_layers": self.group_layers, "max_devices": self.max_devices}
 
     def check_problem(self, problem) -> None:
-        if problem.n_devices > self.max_devices:
-            raise PolicyError(f"policy 'gdp' places on at most {self.max_devices} devices; cluster "
-                              f"{problem.cluster.name!r} has {problem.n_devices}")
+        gdp_net.check_devices(problem, self.max_devices)
 
     def atoms_for(self, problem) -> AtomGraph:
-        self.check_problem(problem)
-        a = group_features(problem)
-        a.ops = op_features(problem)
-        return a
+        return gdp_net.atoms(problem, self.max_devices)
 
     def residual_priors(self, atoms):
         """The residual table starts at zero: the compute-time prior is a network input."""
         return [np.zeros((atoms.n, atoms.n_devices), np.float32)]
 
     def build(self):
-        H = self.hidden
-        self.type_emb = self.p.table(TYPE_BUCKETS, H)
-        self.op_in = self.p.dense(OP_NUMERIC, H)
-        self.op_sage = [self.p.dense(3 * H, H) for _ in range(self.layers)]
-        self.grp_in = self.p.dense(H + N_BASE, H)
-        self.grp_sage = [self.p.dense(3 * H, H) for _ in range(self.group_layers)]
-        self.ctx = self.p.dense(H, H)
-        self.head = self.p.dense(H, self.max_devices)
-        self.prior_w = self.tf.Variable(np.float32(1.0))
-        self.p.vars.append(self.prior_w)
+        H, p = self.hidden, self.p
+        # created in the order of gdp_net.Weights' fields, which is the order they are saved in
+        type_emb = p.table(TYPE_BUCKETS, H)
+        op_in = p.dense(OP_NUMERIC, H)
+        op_sage = [p.dense(3 * H, H) for _ in range(self.layers)]
+        grp_in = p.dense(H + N_BASE, H)
+        grp_sage = [p.dense(3 * H, H) for _ in range(self.group_layers)]
+        ctx = p.dense(H, H)
+        head = p.dense(H, self.max_devices)
+        prior_w = self.tf.Variable(np.float32(1.0))
+        p.vars.append(prior_w)
+        self.weights = gdp_net.Weights(type_emb, op_in, op_sage, grp_in, grp_sage, ctx, head, prior_w)
         tf = self.tf
+        self._ops = gdp_net.tf_ops(tf)
         self._sample = tf.function(self._sample_impl, reduce_retracing=True)
         self._logp = tf.function(self._logp_impl, reduce_retracing=True)
         self._net = tf.function(self._net_logits, reduce_retracing=True)
 
     def obs(self, atoms, residual=None):
+        extra = gdp_net.op_inputs(atoms)  # first: it names a missing op graph before any TF work
         o = super().obs(atoms, residual)
-        if atoms.ops is None:
-            raise PolicyError("policy 'gdp' needs op-level features (use policy.atoms_for(problem))")
-        tf, ops = self.tf, atoms.ops
-        n_op = len(ops.type_id)
-        ones = np.ones_like(ops.w)
-        deg_in = np.bincount(ops.dst, weights=ones, minlength=n_op)
-        deg_out = np.bincount(ops.src, weights=ones, minlength=n_op)
-        cnt = np.bincount(ops.group, minlength=atoms.n)
-        t = atoms.group_time
-        fast = np.min(t, axis=1, keepdims=True)
-        prior = np.where(atoms.allowed, -np.log(np.maximum(t, 1e-9) / np.maximum(fast, 1e-9)), 0.0)
-        o.update({
-            "op_type": tf.constant(ops.type_id, tf.int32), "op_x": tf.constant(ops.x),
-            "op_src": tf.constant(ops.src, tf.int32), "op_dst": tf.constant(ops.dst, tf.int32),
-            "op_w": tf.constant(ops.w[:, None] + 1.0),
-            "op_inv_in": tf.constant((1.0 / np.maximum(deg_in, 1.0)).astype(np.float32)[:, None]),
-            "op_inv_out": tf.constant((1.0 / np.maximum(deg_out, 1.0)).astype(np.float32)[:, None]),
-            "op_group": tf.constant(ops.group, tf.int32),
-            "inv_group": tf.constant((1.0 / np.maximum(cnt, 1)).astype(np.float32)[:, None]),
-            "prior": tf.constant(np.maximum(prior, -10.0).astype(np.float32)),
-        })
+        o.update({k: self.tf.constant(v) for k, v in extra.items()})
         return o
-
-    def _sage(self, layers, h, src, dst, w, inv_in, inv_out):
-        tf = self.tf
-        n = tf.shape(h)[0]
-        for Ws, bs in layers:
-            m_in = tf.math.unsorted_segment_sum(tf.gather(h, src) * w, dst, n) * inv_in
-            m_out = tf.math.unsorted_segment_sum(tf.gather(h, dst) * w, src, n) * inv_out
-            h = tf.nn.relu(tf.matmul(tf.concat([h, m_in, m_out], -1), Ws) + bs)
-            h = tf.math.l2_normalize(h, axis=-1) * 4.0
-        return h
 
     def _net_logits(self, obs):
         """The network's clipped logits (groups x devices), before the residual table."""
-        tf = self.tf
-        W, b = self.op_in
-        h = tf.nn.relu(tf.gather(self.type_emb, obs["op_type"]) + tf.matmul(obs["op_x"], W) + b)
-        h = self._sage(self.op_sage, h, obs["op_src"], obs["op_dst"], obs["op_w"], obs["op_inv_in"], obs["op_inv_out"])
-        n = tf.shape(obs["x"])[0]
-        pooled = tf.math.unsorted_segment_sum(h, obs["op_group"], n) * obs["inv_group"]
-        W, b = self.grp_in
-        g = tf.nn.relu(tf.matmul(tf.concat([pooled, obs["x"][:, :N_BASE]], -1), W) + b)
-        g = self._sage(self.grp_sage, g, obs["src"], obs["dst"], obs["w"][:, None], obs["inv_in"], obs["inv_out"])
-        W, b = self.ctx
-        g = g + tf.nn.relu(tf.matmul(tf.reduce_mean(g, 0, keepdims=True), W) + b)
-        D = tf.shape(obs["mask"])[1]
-        W, b = self.head
-        raw = tf.matmul(g, W[:, :D]) + b[:D] + self.prior_w * obs["prior"]
-        c = self.tanh_c
-        return c * tf.tanh(raw / c)
+        return gdp_net.logits(self._ops, self.weights, obs, self.tanh_c)
 
     def _logits(self, obs):
         tf = self.tf

@@ -274,9 +274,13 @@ def test_damaged_policy_folders_are_named(tiny, tmp_path):
         (lambda f: config(f, bogus=1), r"policy\.json: policy 'gdp': unknown option\(s\) bogus"),
     ]
     for i, (edit, message) in enumerate(cases):
-        with pytest.raises(UserError, match=message):
-            run("rl", p, Budget(evals=8), seed=0, init_from=damaged(f"case{i}", edit))
+        folder = damaged(f"case{i}", edit)
+        # fine-tuning loads it into TensorFlow; zero-shot reads it into numpy: the same errors
+        for evals in (8, 1):
+            with pytest.raises(UserError, match=message):
+                run("rl", p, Budget(evals=evals), seed=0, init_from=folder)
     assert run("rl", p, Budget(evals=8), seed=0, init_from=str(good)).evaluations == 8
+    assert run("rl", p, Budget(evals=1), seed=0, init_from=str(good)).evaluations == 1
 
 
 @pytest.mark.slow
@@ -417,6 +421,51 @@ def test_bundled_policy_places_held_out_graphs_zero_shot():
     t = tiny_problem()
     r = run("rl", t, Budget(evals=1), seed=0, init_from="gdp")
     assert r.evaluations == 1 and t.is_valid(r.assignment)
+
+
+@pytest.mark.parametrize("graph, cluster, hidden", [("synthetic-160", "k80x4", None), ("synthetic-1k", "k80x2", 16)])
+def test_gdp_network_in_numpy_equals_tensorflow(graph, cluster, hidden):
+    """gdp_net.logits is one definition of the network, run by TensorFlow (training) and by
+    numpy (zero-shot): the shipped network and a fresh small one give the same logits and
+    the same mode either way."""
+    from placetool.rl import gdp_net, policies
+    from placetool.rl.method import bundled_policy
+
+    p = Problem(CostModel(presets.load_graph(graph), presets.load_cluster(cluster)))
+    if hidden is None:
+        pol, _ = policies.load(bundled_policy("gdp"), n_devices=p.n_devices)
+    else:
+        pol = policies.make("gdp", p.n_devices, hidden=hidden, seed=3)
+    atoms = pol.atoms_for(p)
+    want = pol.net_logits(pol.obs(atoms))
+    w = gdp_net.unflatten(pol.get_weights(), pol.layers, pol.group_layers)
+    got = gdp_net.logits(gdp_net.NUMPY, w, gdp_net.inputs(atoms), pol.tanh_c)
+    assert got.dtype == np.float32 and got.shape == want.shape == (atoms.n, p.n_devices)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    mode = np.argmax(np.where(atoms.allowed, got, -np.inf), axis=1)
+    np.testing.assert_array_equal(mode, np.argmax(np.where(atoms.allowed, want, -np.inf), axis=1))
+
+
+@pytest.mark.timeout(120)
+def test_zero_shot_places_without_tensorflow(tmp_path):
+    """One evaluation with the shipped gdp network runs its forward pass in numpy, so
+    TensorFlow is never imported; the placement is the one the TensorFlow path (taken
+    when the run logs to TensorBoard) gives, and so is its metadata."""
+    code = ("import json, sys; from placetool.costmodel import CostModel, presets; "
+            "from placetool.search import Budget, Problem, run; "
+            "p = Problem(CostModel(presets.load_graph('transformer'), presets.load_cluster('k40x8'))); "
+            "r = run('rl', p, Budget(evals=1), seed=0, init_from='gdp'); "
+            "print(json.dumps({'tf': 'tensorflow' in sys.modules, 'a': r.assignment.tolist(), "
+            "'us': r.step_time_us, 'meta': r.metadata}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["tf"] is False
+    p = Problem(CostModel(presets.load_graph("transformer"), presets.load_cluster("k40x8")))
+    r = run("rl", p, Budget(evals=1), seed=0, init_from="gdp", logdir=str(tmp_path))
+    assert got["a"] == r.assignment.tolist() and got["us"] == r.step_time_us
+    differ = {k for k in r.metadata if got["meta"].get(k) != r.metadata[k]}
+    assert differ == {"logdir", "samples_per_second"}, differ
 
 
 @pytest.mark.timeout(60)
