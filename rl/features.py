@@ -248,3 +248,19 @@ def op_features(problem) -> OpFeatures:
     return OpFeatures(type_id=tb, x=np.ascontiguousarray(x), src=np.ascontiguousarray(g.edge_src, dtype=np.int32),
                       dst=np.ascontiguousarray(g.edge_dst, dtype=np.int32), w=w,
                       group=np.ascontiguousarray(g.group, dtype=np.int32))
+
+
+def graph_inputs(atoms: AtomGraph) -> dict[str, np.ndarray]:
+    """What every policy reads of the atom graph: features, mask, edges and the inverse
+    weighted degrees that make GraphSAGE's sums means."""
+    deg_in = np.bincount(atoms.dst, weights=atoms.w + 1.0, minlength=atoms.n)
+    deg_out = np.bincount(atoms.src, weights=atoms.w + 1.0, minlength=atoms.n)
+    return {
+        "x": atoms.x,
+        "mask": atoms.allowed,
+        "src": np.asarray(atoms.src, np.int32),
+        "dst": np.asarray(atoms.dst, np.int32),
+        "w": atoms.w + 1.0,
+        "inv_in": (1.0 / np.maximum(deg_in, 1.0)).astype(np.float32)[:, None],
+        "inv_out": (1.0 / np.maximum(deg_out, 1.0)).astype(np.float32)[:, None],
+    }

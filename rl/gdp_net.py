@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .features import N_BASE, OP_NUMERIC, TYPE_BUCKETS, AtomGraph, group_features, op_features
+from .features import N_BASE, OP_NUMERIC, TYPE_BUCKETS, AtomGraph, graph_inputs, group_features, op_features
 
 #: the norm every GraphSAGE layer's states are scaled to
 SAGE_NORM = 4.0
@@ -107,25 +107,9 @@ def atoms(problem, max_devices: int) -> AtomGraph:
     return a
 
 
-def graph_inputs(atoms: AtomGraph) -> dict[str, np.ndarray]:
-    """What every policy reads of the atom graph: features, mask, edges and the inverse
-    weighted degrees that make GraphSAGE's sums means."""
-    deg_in = np.bincount(atoms.dst, weights=atoms.w + 1.0, minlength=atoms.n)
-    deg_out = np.bincount(atoms.src, weights=atoms.w + 1.0, minlength=atoms.n)
-    return {
-        "x": atoms.x,
-        "mask": atoms.allowed,
-        "src": np.asarray(atoms.src, np.int32),
-        "dst": np.asarray(atoms.dst, np.int32),
-        "w": atoms.w + 1.0,
-        "inv_in": (1.0 / np.maximum(deg_in, 1.0)).astype(np.float32)[:, None],
-        "inv_out": (1.0 / np.maximum(deg_out, 1.0)).astype(np.float32)[:, None],
-    }
-
-
 def op_inputs(atoms: AtomGraph) -> dict[str, np.ndarray]:
-    """What gdp reads besides :func:`graph_inputs`: the op graph, each op's group, and the
-    compute-time prior (log time on a device over the group's fastest allowed one)."""
+    """What gdp reads besides :func:`~placetool.rl.features.graph_inputs`: the op graph,
+    each op's group, and the compute-time prior (log time on a device over the group's fastest allowed one)."""
     from .policies import PolicyError
 
     if atoms.ops is None:

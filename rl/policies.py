@@ -29,7 +29,7 @@ import numpy as np
 from placetool.costmodel.errors import UserError, atomic_write
 
 from . import gdp_net
-from .features import N_BASE, OP_NUMERIC, TYPE_BUCKETS, AtomGraph, featurize
+from .features import N_BASE, OP_NUMERIC, TYPE_BUCKETS, AtomGraph, featurize, graph_inputs
 from .tfutil import tf as _tf
 
 FORMAT = "placetool.rl-policy"
@@ -161,7 +161,7 @@ class Policy:
         else:
             biases = [tf.zeros(p.shape) for p in priors]
         return {
-            **{k: tf.constant(v) for k, v in gdp_net.graph_inputs(atoms).items()},
+            **{k: tf.constant(v) for k, v in graph_inputs(atoms).items()},
             **{f"bias{i or ''}": b for i, b in enumerate(biases)},
             # a static part of every compiled function's cache key: a residual table is a
             # tf.Variable, whose shape a relaxed trace would otherwise take from the first problem
