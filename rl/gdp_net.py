@@ -109,7 +109,8 @@ def atoms(problem, max_devices: int) -> AtomGraph:
 
 def op_inputs(atoms: AtomGraph) -> dict[str, np.ndarray]:
     """What gdp reads besides :func:`~placetool.rl.features.graph_inputs`: the op graph,
-    each op's group, and the compute-time prior (log time on a device over the group's fastest allowed one)."""
+    each op's group, and the compute-time prior (log time on a device over the group's
+    fastest allowed one)."""
     from .policies import PolicyError
 
     if atoms.ops is None:
