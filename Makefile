@@ -23,7 +23,7 @@ demo: $(STAMP)
 # Most tests wait on TensorFlow start-ups, subprocesses and compiles, so two workers
 # halve the suite's wall time on 2 cores. Whole files go to one worker: their
 # module fixtures (a testbed, a built wheel, a sweep's store) are made once.
-# More than 4 workers would each load TensorFlow for little gain; `TEST_JOBS=0` runs
+# At most 4 workers, as each loads TensorFlow (only 2 were timed); `TEST_JOBS=0` runs
 # the suite in this process.
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST := $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
