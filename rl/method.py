@@ -241,6 +241,7 @@ def _zero_shot_numpy(folder, policy, problem, tracker, cfg) -> dict:
     from placetool.search.partition import score
 
     from . import gdp_net, policies
+    from .trainer import frozen_mode
 
     t0 = time.perf_counter()
     _, pcfg, meta, ws = policies.read(folder, expect_policy=policy, n_devices=problem.n_devices)
@@ -249,7 +250,7 @@ def _zero_shot_numpy(folder, policy, problem, tracker, cfg) -> dict:
     net = gdp_net.logits(gdp_net.NUMPY, w, gdp_net.inputs(atoms), float(pcfg["tanh_c"])).astype(np.float64)
     residual = policies.saved_residual(meta, problem, atoms)
     table = residual[0].astype(np.float64) if residual is not None else 0.0
-    mode = atoms.expand(np.argmax(np.where(atoms.allowed, net + table, -np.inf), axis=1))
+    mode = atoms.expand(frozen_mode(net, table, atoms.allowed))  # as the TensorFlow path's _mode
     placed, _ = fit_memory(problem, mode, tracker)
     if tracker.best_assignment is None:  # a seconds budget spent before the first evaluation
         score(tracker, mode)

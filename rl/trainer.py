@@ -123,6 +123,12 @@ def _compiled_apply(opt, variables):
     return tf.function(apply, reduce_retracing=True)
 
 
+def frozen_mode(net, table, allowed) -> np.ndarray:
+    """The mode of a frozen network's logits ``net`` plus a residual ``table`` (atoms x
+    devices): each atom's allowed device of the highest sum."""
+    return np.argmax(np.where(allowed, net + table, -np.inf), axis=1).astype(np.int32)
+
+
 class _FrozenNetTable:
     """A policy whose network is frozen (``lr == 0``): its logits are the network's,
     computed once, plus the per-problem residual table, so sampling and the REINFORCE
@@ -217,8 +223,7 @@ class _FrozenNetTable:
 
     def greedy(self) -> np.ndarray:
         if self._mode is None:
-            lg = np.where(self.mask, self.net + self.table, -np.inf)
-            self._mode = np.argmax(lg, axis=1).astype(np.int32)[None]
+            self._mode = frozen_mode(self.net, self.table, self.mask)[None]
             self._mode.flags.writeable = False
         return self._mode
 
