@@ -8,8 +8,8 @@ action is a device index; ``info["action_mask"]`` says which devices the group m
 ``-sqrt(step_time / lower_bound)`` from the simulator (``-penalty`` when out of memory).
 A disallowed action ends the episode at once with ``-penalty``.
 
->>> from costmodel import CostModel, presets
->>> from search import Problem
+>>> from placetool.costmodel import CostModel, presets
+>>> from placetool.search import Problem
 >>> env = PlacementEnv(Problem(CostModel(presets.load_graph("synthetic-200"), presets.load_cluster("k80x2"))))
 >>> obs, info = env.reset(seed=0)
 >>> obs.shape == env.observation_space.shape

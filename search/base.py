@@ -7,8 +7,8 @@ time, keeps the best placement seen and the best-so-far history) and returns a
 score them; they never see the simulator directly, so budgets and bookkeeping are
 honest for all of them.
 
->>> from costmodel import CostModel, presets
->>> from search import Problem, Budget, run
+>>> from placetool.costmodel import CostModel, presets
+>>> from placetool.search import Problem, Budget, run
 >>> cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x2"))
 >>> r = run("single", Problem(cm), Budget(evals=10), seed=0)
 >>> r.feasible
