@@ -28,6 +28,7 @@ COMMANDS = {
     "search": "placetool.cli.search:search",
     "calibrate": "placetool.cli.hardware:calibrate",
     "verify": "placetool.cli.hardware:verify",
+    "explain": "placetool.cli.explain:explain",
     "testbed": "placetool.cli.hardware:testbed",
     "sweep": "placetool.cli.sweep:sweep",
     "report": "placetool.cli.sweep:report",

@@ -1,0 +1,129 @@
+"""Record traced steps of a placement as plain data: a timeline file for ``placetool explain``.
+
+A FULL_TRACE step's ``step_stats`` hold, per device, one record per op run (start, duration)
+and, on the receiving device, one ``RecvTensor`` record per tensor fetched from another
+worker (the RPC's start and end, the edge name, the bytes). :func:`capture` runs a
+placement's traced steps (and optionally the same steps on one device, for the per-op
+inflation) and keeps exactly those records, as JSON-ready lists that
+:func:`placetool.costmodel.timeline.load` reads without TensorFlow.
+
+Times are µs from the step's first record; ops the graph does not know (the runtime's
+``_SOURCE``, the Identity/Const nodes partitioning adds for cross-device edges) are left
+out: they take about a µs each and the simulator has no counterpart for them.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+
+import numpy as np
+
+from .runner import PlacedStep, _tf_errors, check_placement
+from .session import import_tf
+
+#: "[4096B] [8.7Mb/s] edge_9_dense/BiasAdd from /job:.../device:CPU:0 to /job:..."
+_RECV = re.compile(r"\[(\d+)B\]\s*(?:\[[^\]]*\]\s*)?(\S+) from (\S+) to (\S+)")
+_EDGE = re.compile(r"^edge_\d+_(.+)$")
+
+
+def _dur_us(ns) -> float:
+    return ns.all_end_rel_nanos / 1e3 if ns.all_end_rel_nanos else float(ns.all_end_rel_micros)
+
+
+def _start_us(ns) -> float:
+    return ns.all_start_nanos / 1e3 if ns.all_start_nanos else float(ns.all_start_micros)
+
+
+def step_records(step_stats, graph, tf_devices) -> dict:
+    """One traced step as ``{"ops": [[name, device, start, dur]], "recv": [[edge, producer,
+    src, dst, bytes, start, dur]]}`` (µs from the step's first record; devices as indices
+    into ``tf_devices``; producer "" where the edge names no graph op)."""
+    dev_ix = {d: i for i, d in enumerate(tf_devices)}
+    # worker device strings may differ in spelling (device:CPU:0 vs cpu:0); compare lowered
+    low_ix = {d.lower(): i for d, i in dev_ix.items()}
+
+    def dix(name):
+        return dev_ix.get(name, low_ix.get(name.lower(), -1))
+
+    raw = [(ds.device, ns) for ds in step_stats.dev_stats for ns in ds.node_stats]
+    if not raw:
+        return {"ops": [], "recv": []}
+    t0 = min(_start_us(ns) for _, ns in raw)
+    ops, recv = [], []
+    for dev, ns in raw:
+        start = _start_us(ns) - t0
+        if ns.node_name == "RecvTensor":
+            m = _RECV.search(ns.timeline_label)
+            if not m:
+                continue
+            edge = m.group(2)
+            e = _EDGE.match(edge)
+            prod = e.group(1) if e and e.group(1) in graph.index else ""
+            recv.append([edge, prod, dix(m.group(3)), dix(m.group(4)), int(m.group(1)), round(start, 3),
+                         round(_dur_us(ns), 3)])
+        elif ns.node_name in graph.index:
+            ops.append([ns.node_name, dix(dev), round(start, 3), round(_dur_us(ns), 3)])
+    ops.sort(key=lambda r: (r[2], r[1]))
+    recv.sort(key=lambda r: (r[5], r[3]))
+    return {"ops": ops, "recv": recv}
+
+
+def _traced_steps(st, n: int, timeout_s: float) -> list[dict]:
+    tf1 = import_tf().compat.v1
+    out = []
+    with _tf_errors(timeout_s):
+        for _ in range(n):
+            opts = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
+            md = tf1.RunMetadata()
+            s = time.perf_counter()
+            st.sess.run(st.ops, options=opts, run_metadata=md)
+            wall = (time.perf_counter() - s) * 1e6
+            rec = step_records(md.step_stats, st.traced.graph, st.spec.tf_devices)
+            rec["wall_us"] = round(wall, 1)
+            out.append(rec)
+    return out
+
+
+def capture(traced, placement, spec, steps: int = 3, warmup: int = 3, single_device: int | None = 0,
+            timeout_s: float = 120.0, log=None) -> dict:
+    """Run ``steps`` FULL_TRACE steps of ``placement`` (after ``warmup`` untraced ones) and,
+    unless ``single_device`` is None, as many of every op on that one device; return the
+    timeline file as a dict (format ``placetool.timeline``, see
+    :mod:`placetool.costmodel.timeline`)."""
+    from placetool.costmodel.timeline import FORMAT, VERSION
+
+    g = traced.graph
+    p = check_placement(g, placement, spec)
+    spec.check_reachable(timeout_s=min(timeout_s, 10.0))
+    out = {"format": FORMAT, "version": VERSION, "graph": g.name, "n_ops": g.n_ops,
+           "devices": list(spec.tf_devices), "kinds": list(spec.kinds),
+           "placement": {g.names[i]: int(d) for i, d in enumerate(p)}}
+    if log:
+        log(f"tracing {steps} steps of the placement ...")
+    with PlacedStep(traced, p, spec, timeout_s) as st:
+        for _ in range(max(warmup - 1, 0)):
+            st.step()
+        untraced = [st.step() for _ in range(max(steps, 1))]
+        out["untraced_step_us"] = [round(x, 1) for x in untraced]
+        out["steps"] = _traced_steps(st, max(steps, 1), timeout_s)
+    if single_device is not None:
+        if log:
+            log(f"tracing {steps} steps of every op on device {single_device} ...")
+        one = check_placement(g, np.full(g.n_ops, single_device, np.int32), spec)
+        with PlacedStep(traced, one, spec, timeout_s) as st:
+            for _ in range(max(warmup - 1, 0)):
+                st.step()
+            untraced = [st.step() for _ in range(max(steps, 1))]
+            recs = _traced_steps(st, max(steps, 1), timeout_s)
+        per_op: dict[str, list[float]] = {}
+        for r in recs:
+            this: dict[str, float] = {}
+            for name, _, _, dur in r["ops"]:
+                this[name] = this.get(name, 0.0) + dur
+            for k, v in this.items():
+                per_op.setdefault(k, []).append(v)
+        out["single"] = {"device": int(single_device), "step_us": round(statistics.median(untraced), 1),
+                         "op_us": {k: round(float(statistics.median(v)), 3) for k, v in per_op.items()}}
+    return out

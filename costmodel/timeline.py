@@ -1,0 +1,591 @@
+"""Measured timelines: why a placement's real step takes what it takes (no TensorFlow here).
+
+A timeline file (format ``placetool.timeline``, version 1; written by
+:func:`placetool.costmodel.tf.trace_capture.capture`) holds traced steps of one placement::
+
+    {"format": "placetool.timeline", "version": 1, "graph": "mlp", "n_ops": 93,
+     "devices": ["/job:worker/replica:0/task:0/device:CPU:0", ...], "kinds": ["cpu", ...],
+     "placement": {"OP": device index, ...},
+     "untraced_step_us": [...],                      # wall time of steps without tracing
+     "steps": [{"wall_us": ..,                       # wall time of this traced step
+                "ops": [[OP, device, start_us, dur_us], ...],
+                "recv": [[EDGE, PRODUCER, src, dst, bytes, start_us, dur_us], ...]}],
+     "single": {"device": 0, "step_us": .., "op_us": {"OP": median_us, ...}}}  # optional
+
+Times are µs from the step's first record. ``recv`` are the ``RecvTensor`` RPCs: the
+receiver asks for a tensor as soon as its ``_Recv`` is scheduled, often long before the
+producer ends, so a request's start says little; its end is when the tensor arrived.
+Each transfer is therefore read as: producer end <= arrival (RPC end) <= consumer start,
+and its *wire time* is arrival - max(producer end, RPC start).
+
+:func:`breakdown` splits each device's step into busy (running graph ops), ready
+(an op of it had every input and had not started: the executor's own gaps), transfer
+(an op had every input produced but one was still in flight) and nothing ready (waiting on
+another device's compute, or the step's head and tail). :func:`replay` simulates the step
+with the traced op durations put in, so what remains against the measurement is the
+error of the simulator's schedule and communication rules alone.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import UserError
+
+FORMAT = "placetool.timeline"
+VERSION = 1
+#: transfers up to this size set a traced link's latency; larger ones its bandwidth
+SMALL_BYTES = 64 * 1024
+
+
+class TimelineError(UserError):
+    """A timeline file is malformed or belongs to another graph; the message says which."""
+
+
+@dataclass
+class Step:
+    """One traced step, indexed by the graph's ops (µs; NaN / -1 where an op was not traced)."""
+
+    op_dev: np.ndarray
+    op_start: np.ndarray
+    op_end: np.ndarray
+    x_edge: list[str]
+    x_producer: np.ndarray      # op index, -1 if the edge names no graph op
+    x_src: np.ndarray
+    x_dst: np.ndarray
+    x_bytes: np.ndarray         # int64
+    x_start: np.ndarray         # RecvTensor RPC start
+    x_end: np.ndarray           # RecvTensor RPC end: the tensor's arrival
+    x_control: np.ndarray       # bool: a control edge's zero-byte message
+    x_producer_end: np.ndarray  # NaN where the producer is unknown
+    x_consumer_start: np.ndarray  # first consumer on the destination; NaN if none traced
+    wall_us: float = float("nan")
+
+    @property
+    def n_transfers(self) -> int:
+        return len(self.x_edge)
+
+    @property
+    def traced(self) -> np.ndarray:
+        return np.isfinite(self.op_start)
+
+    @property
+    def t0(self) -> float:
+        return float(np.nanmin(self.op_start)) if self.traced.any() else 0.0
+
+    @property
+    def span_us(self) -> float:
+        """First op start to last op end: the step as its ops saw it."""
+        return float(np.nanmax(self.op_end) - self.t0) if self.traced.any() else 0.0
+
+    @property
+    def op_us(self) -> np.ndarray:
+        return self.op_end - self.op_start
+
+    @property
+    def wire_us(self) -> np.ndarray:
+        """Per transfer: arrival - max(producer end, RPC start): the RPC's own time."""
+        return self.x_end - np.fmax(self.x_producer_end, self.x_start)
+
+    @property
+    def delivery_us(self) -> np.ndarray:
+        """Per transfer: arrival - producer end (the wire time plus any wait for the
+        receiver to ask): what the consumer saw."""
+        return self.x_end - self.x_producer_end
+
+
+@dataclass
+class Recording:
+    """A timeline file read against its graph."""
+
+    graph: object
+    devices: list[str]
+    kinds: list[str]
+    placement: np.ndarray
+    steps: list[Step]
+    untraced_step_us: list[float] = field(default_factory=list)
+    single_device: int | None = None
+    single_step_us: float | None = None
+    single_op_us: np.ndarray | None = None   # per op, NaN where not traced
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.devices)
+
+    def device_names(self) -> list[str]:
+        return [f"{k}:{i}" for i, k in enumerate(self.kinds)]
+
+
+# ------------------------------------------------------------------ reading
+def load(src, graph) -> Recording:
+    """Read a timeline (path or dict) against ``graph``; every op it names must be there."""
+    where = str(src) if not isinstance(src, dict) else "timeline"
+    if isinstance(src, dict):
+        d = src
+    else:
+        try:
+            d = json.loads(Path(src).read_text())
+        except FileNotFoundError:
+            raise TimelineError(f"{src}: no such timeline file") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise TimelineError(f"{src}: not a timeline file ({type(e).__name__}: {e})") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise TimelineError(f"{where}: not a {FORMAT} file")
+    if d.get("version") != VERSION:
+        raise TimelineError(f"{where}: {FORMAT} version {d.get('version')!r} is not supported (expected {VERSION})")
+    try:
+        devices, kinds = [str(x) for x in d["devices"]], [str(x) for x in d["kinds"]]
+        D = len(devices)
+        if D == 0 or len(kinds) != D:
+            raise TimelineError(f"{where}: 'devices' and 'kinds' must be non-empty and of equal length")
+        idx = graph.index
+
+        def op_index(name, what):
+            i = idx.get(name)
+            if i is None:
+                raise TimelineError(f"{where}: {what} names op {name!r}, which graph {graph.name!r} lacks "
+                                    "(a timeline is read with the graph it was traced from)")
+            return i
+
+        def dev(v, what):
+            v = int(v)
+            if not 0 <= v < D:
+                raise TimelineError(f"{where}: {what}: device {v} is not one of 0..{D - 1}")
+            return v
+
+        placement = np.full(graph.n_ops, -1, np.int64)
+        for name, v in d["placement"].items():
+            placement[op_index(name, "placement")] = dev(v, f"placement of {name!r}")
+        if (placement < 0).any():
+            raise TimelineError(f"{where}: placement names no device for op "
+                                f"{graph.names[int(np.flatnonzero(placement < 0)[0])]!r}")
+        steps = [_step(s, graph, placement, op_index, dev, where, k) for k, s in enumerate(d["steps"])]
+        if not steps:
+            raise TimelineError(f"{where}: no traced steps")
+        rec = Recording(graph, devices, kinds, placement, steps,
+                        [float(x) for x in d.get("untraced_step_us", [])])
+        if d.get("single"):
+            s = d["single"]
+            rec.single_device = int(s["device"])
+            rec.single_step_us = float(s["step_us"])
+            rec.single_op_us = np.full(graph.n_ops, np.nan)
+            for name, v in s["op_us"].items():
+                rec.single_op_us[op_index(name, "single")] = float(v)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise TimelineError(f"{where}: malformed timeline ({type(e).__name__}: {e})") from None
+    return rec
+
+
+def _step(s, graph, placement, op_index, dev, where, k) -> Step:
+    n = graph.n_ops
+    op_dev = np.full(n, -1, np.int64)
+    start = np.full(n, np.nan)
+    end = np.full(n, np.nan)
+    for name, d, t, dur in s["ops"]:
+        i = op_index(name, f"step {k}")
+        t, dur = float(t), float(dur)
+        if dur < 0 or not np.isfinite(t + dur):
+            raise TimelineError(f"{where}: step {k}: op {name!r} has a bad time ({t}, {dur})")
+        if np.isnan(start[i]):
+            op_dev[i], start[i], end[i] = dev(d, f"step {k}, op {name!r}"), t, t + dur
+        else:  # an op run twice in a step: its span covers both
+            start[i], end[i] = min(start[i], t), max(end[i], t + dur)
+    X = s["recv"]
+    edge = [str(r[0]) for r in X]
+    prod = np.array([op_index(r[1], f"step {k}") if r[1] else -1 for r in X], np.int64)
+    src = np.array([dev(r[2], f"step {k}, transfer {r[0]!r}") for r in X], np.int64)
+    dst = np.array([dev(r[3], f"step {k}, transfer {r[0]!r}") for r in X], np.int64)
+    nb = np.array([int(r[4]) for r in X], np.int64)
+    xs = np.array([float(r[5]) for r in X])
+    xe = xs + np.array([float(r[6]) for r in X])
+    st = Step(op_dev, start, end, edge, prod, src, dst, nb, xs, xe, np.zeros(len(X), bool),
+              np.full(len(X), np.nan), np.full(len(X), np.nan), float(s.get("wall_us", np.nan)))
+    _link_transfers(st, graph, placement)
+    return st
+
+
+def _consumers(graph, placement):
+    """{(producer op, destination device): (data {tensor: [consumer ops]}, [control consumers])}."""
+    out: dict = {}
+    for s, d, t in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_tensor.tolist()):
+        if placement[s] == placement[d]:
+            continue
+        data, ctrl = out.setdefault((s, int(placement[d])), ({}, []))
+        if t >= 0:
+            data.setdefault(t, []).append(d)
+        else:
+            ctrl.append(d)
+    return out
+
+
+def _link_transfers(st: Step, graph, placement) -> None:
+    """Each transfer's producer end, kind (data or control) and first consumer start."""
+    cons = _consumers(graph, placement)
+    for x in range(st.n_transfers):
+        p = int(st.x_producer[x])
+        if p < 0:
+            continue
+        st.x_producer_end[x] = st.op_end[p]
+        data, ctrl = cons.get((p, int(st.x_dst[x])), ({}, []))
+        ops = _matching(graph, data, int(st.x_bytes[x]), st.op_start, float(st.x_end[x]))
+        if not ops and ctrl:
+            st.x_control[x] = True
+            ops = ctrl
+        elif st.x_bytes[x] == 0 and ctrl and not any(graph.tensor_bytes[t] == 0 for t in data):
+            st.x_control[x] = True
+            ops = ctrl
+        starts = st.op_start[ops] if ops else np.array([])
+        starts = starts[np.isfinite(starts)]
+        if starts.size:
+            st.x_consumer_start[x] = float(starts.min())
+
+
+def _matching(graph, data: dict, nbytes: int, start, arrival: float) -> list[int]:
+    """Consumers of the tensor of this size, else of every tensor sent. The edge name
+    says the producer, not which output: where several outputs could be this one, those
+    whose consumers started before it arrived were not it."""
+    same = [t for t in data if int(graph.tensor_bytes[t]) == nbytes] or list(data)
+    if len(same) > 1:
+        later = [t for t in same if all(not start[c] < arrival for c in data[t])]
+        same = later or same
+    return [c for t in same for c in data[t]]
+
+
+# ------------------------------------------------------------------ intervals
+def _union(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint sorted intervals covering [a_i, b_i) (empty ones dropped)."""
+    keep = b > a
+    a, b = a[keep], b[keep]
+    if not a.size:
+        return a, b
+    o = np.argsort(a, kind="stable")
+    a, b = a[o], np.maximum.accumulate(b[o])
+    new = np.r_[True, a[1:] > b[:-1]]
+    last = np.r_[np.flatnonzero(new)[1:] - 1, len(a) - 1]
+    return a[new], b[last]
+
+
+def _measure(a, b) -> float:
+    a, b = _union(np.asarray(a, float), np.asarray(b, float))
+    return float((b - a).sum())
+
+
+def _minus(a, b, ca, cb) -> float:
+    """Length of union(a, b) not covered by union(ca, cb)."""
+    ua, ub = _union(np.asarray(a, float), np.asarray(b, float))
+    both = _measure(np.r_[ua, ca], np.r_[ub, cb])
+    return both - _measure(ca, cb)
+
+
+# ------------------------------------------------------------------ breakdown
+def input_times(st: Step, graph, placement):
+    """Per op: (time its last local input was done, time its last remote input was
+    produced, time its last remote input arrived); 0 for none, NaN where unknown."""
+    n = graph.n_ops
+    local = np.zeros(n)
+    produced = np.zeros(n)
+    arrived = np.zeros(n)
+    arr = {}
+    for x in range(st.n_transfers):
+        p = int(st.x_producer[x])
+        if p >= 0:
+            key = (p, int(st.x_dst[x]), bool(st.x_control[x]))
+            arr[key] = max(arr.get(key, -np.inf), float(st.x_end[x]))
+    for s, d, t in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_tensor.tolist()):
+        e = st.op_end[s]
+        if placement[s] == placement[d]:
+            local[d] = max(local[d], e) if np.isfinite(e) else np.nan
+            continue
+        produced[d] = max(produced[d], e) if np.isfinite(e) else np.nan
+        a = arr.get((s, int(placement[d]), t < 0), arr.get((s, int(placement[d]), t >= 0), e))
+        arrived[d] = max(arrived[d], a) if np.isfinite(a) else np.nan
+    return local, produced, arrived
+
+
+def breakdown(rec: Recording, step: int | Step = 0) -> dict:
+    """Where each device's time went in one traced step (µs over the step's span).
+
+    Per device: ``busy`` (its graph ops ran), ``ready`` (idle while one of its ops had
+    every input and had not started: the runtime's gaps between ops), ``transfer`` (idle
+    while one of its ops had every input produced but one still in flight), ``nothing``
+    (idle with nothing ready: waiting on another device's compute, or before its first
+    and after its last op). The four add up to the span. Step-wide: ``none_busy`` (no
+    device ran an op) and ``none_busy_in_flight`` (... while a transfer was in flight).
+    """
+    st = rec.steps[step] if isinstance(step, int) else step
+    g, p = rec.graph, rec.placement
+    t0 = st.t0
+    T1 = t0 + st.span_us
+    local, produced, arrived = input_times(st, g, p)
+    ready_at = np.fmax(local, arrived)
+    produced_all = np.fmax(local, produced)
+    ok = st.traced
+    devs = []
+    for d in range(rec.n_devices):
+        m = ok & (st.op_dev == d)
+        bs, be = st.op_start[m], st.op_end[m]
+        busy = _measure(bs, be)
+        # [ready, start): the op could have run; [produced, min(arrival, start)): data in flight
+        ra, rb = ready_at[m], st.op_start[m]
+        fin = np.isfinite(ra)
+        ready = _minus(ra[fin], rb[fin], bs, be)
+        xa, xb = produced_all[m], np.fmin(ready_at[m], st.op_start[m])
+        fin = np.isfinite(xa) & np.isfinite(xb)
+        transfer = _minus(xa[fin], xb[fin], np.r_[bs, ra[np.isfinite(ra)]], np.r_[be, rb[np.isfinite(ra)]])
+        devs.append({"device": d, "name": rec.device_names()[d], "ops": int(m.sum()), "busy_us": busy,
+                     "ready_us": ready, "transfer_us": transfer,
+                     "nothing_ready_us": max(0.0, (T1 - t0) - busy - ready - transfer)})
+    all_busy_a, all_busy_b = st.op_start[ok], st.op_end[ok]
+    none_busy = (T1 - t0) - _measure(all_busy_a, all_busy_b)
+    known = np.isfinite(st.x_producer_end)
+    fa = np.fmax(st.x_producer_end[known], st.x_start[known])
+    in_flight = _minus(fa, st.x_end[known], all_busy_a, all_busy_b)
+    return {"span_us": st.span_us, "wall_us": st.wall_us, "devices": devs, "none_busy_us": none_busy,
+            "none_busy_in_flight_us": in_flight}
+
+
+def transfers(rec: Recording, step: int | Step = 0) -> list[dict]:
+    """Per transfer of one step, in arrival order: edge, producer, src, dst, bytes, kind,
+    producer end, RPC start and end, first consumer start (µs from the first op start),
+    wire time, delivery time and the wait after arrival."""
+    st = rec.steps[step] if isinstance(step, int) else step
+    t0 = st.t0
+    names = rec.graph.names
+    out = []
+    for x in np.argsort(st.x_end, kind="stable"):
+        pe, cs = st.x_producer_end[x], st.x_consumer_start[x]
+        out.append({"edge": st.x_edge[x], "producer": names[st.x_producer[x]] if st.x_producer[x] >= 0 else None,
+                    "src": int(st.x_src[x]), "dst": int(st.x_dst[x]), "bytes": int(st.x_bytes[x]),
+                    "kind": "control" if st.x_control[x] else "data",
+                    "producer_end_us": _f(pe - t0), "recv_start_us": float(st.x_start[x] - t0),
+                    "recv_end_us": float(st.x_end[x] - t0), "consumer_start_us": _f(cs - t0),
+                    "wire_us": _f(st.wire_us[x]), "delivery_us": _f(st.delivery_us[x]),
+                    "after_arrival_us": _f(cs - st.x_end[x])})
+    return out
+
+
+def _f(v) -> float | None:
+    return float(v) if np.isfinite(v) else None
+
+
+def op_inflation(rec: Recording, step: int | Step | None = None) -> dict:
+    """Each op's time in this placement against its time on one device.
+
+    ``step`` None: the median over the traced steps. Returns {ops: [{op, device, split_us,
+    single_us, ratio}], per device {split_us, single_us, ratio} over the ops both traced,
+    total}; empty without a single-device trace.
+    """
+    if rec.single_op_us is None:
+        return {}
+    if step is None:
+        split = np.nanmedian(np.array([s.op_us for s in rec.steps]), axis=0) if len(rec.steps) > 1 \
+            else rec.steps[0].op_us
+    else:
+        split = (rec.steps[step] if isinstance(step, int) else step).op_us
+    one = rec.single_op_us
+    both = np.isfinite(split) & np.isfinite(one)
+    names = rec.graph.names
+    ops = [{"op": names[i], "device": int(rec.placement[i]), "split_us": float(split[i]),
+            "single_us": float(one[i]), "ratio": float(split[i] / one[i]) if one[i] > 0 else None}
+           for i in np.flatnonzero(both)]
+    per_dev = []
+    for d in range(rec.n_devices):
+        m = both & (rec.placement == d)
+        a, b = float(split[m].sum()), float(one[m].sum())
+        per_dev.append({"device": d, "ops": int(m.sum()), "split_us": a, "single_us": b,
+                        "ratio": a / b if b > 0 else None})
+    a, b = float(split[both].sum()), float(one[both].sum())
+    return {"ops": ops, "devices": per_dev, "split_us": a, "single_us": b, "ratio": a / b if b > 0 else None}
+
+
+# ------------------------------------------------------------------ replay
+def traced_cluster(rec: Recording, steps=None):
+    """A cluster whose links are read off the traced transfers: per directed pair, latency
+    the median wire time of its data transfers up to ``SMALL_BYTES``, bandwidth from the
+    larger ones (none: no per-byte cost); no device-side send/receive cost, since the
+    traced op durations already hold what transfers cost the devices' cores."""
+    from .calibration import UNMEASURED_BANDWIDTH
+    from .cluster import Cluster
+
+    D = rec.n_devices
+    steps = rec.steps if steps is None else steps
+    wire = {(a, b): ([], []) for a in range(D) for b in range(D) if a != b}
+    for st in steps:
+        w = st.wire_us
+        for x in range(st.n_transfers):
+            if st.x_control[x] or not np.isfinite(w[x]):
+                continue
+            wire[(int(st.x_src[x]), int(st.x_dst[x]))][0].append(int(st.x_bytes[x]))
+            wire[(int(st.x_src[x]), int(st.x_dst[x]))][1].append(max(float(w[x]), 0.0))
+    all_small = [t for nb, ts in wire.values() for b, t in zip(nb, ts) if b <= SMALL_BYTES]
+    default = float(np.median(all_small)) if all_small else 0.0
+    pairs = []
+    for (a, b), (nb, ts) in wire.items():
+        nb, ts = np.array(nb, float), np.array(ts, float)
+        small = nb <= SMALL_BYTES
+        lat = float(np.median(ts[small])) if small.any() else default
+        bw = UNMEASURED_BANDWIDTH
+        big = ~small
+        if big.any():
+            extra = ts[big] - lat
+            if np.median(extra) > 0:
+                bw = float(np.median(nb[big][extra > 0] / extra[extra > 0]))
+        pairs.append({"src": f"{rec.kinds[a]}:{a}", "dst": f"{rec.kinds[b]}:{b}", "latency_us": lat,
+                      "bandwidth_bytes_per_us": bw})
+    return Cluster.from_dict({
+        "name": "traced-links",
+        "metadata": {"source": "link latency and bandwidth read off a measured timeline"},
+        "devices": [{"name": f"{k}:{i}", "kind": k, "memory_bytes": 1 << 50} for i, k in enumerate(rec.kinds)],
+        "links": {"default": {"latency_us": default, "bandwidth_bytes_per_us": UNMEASURED_BANDWIDTH},
+                  "pairs": pairs},
+    }, source="traced links")
+
+
+def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float = 0.0,
+           links: str = "fifo") -> dict:
+    """Simulate a traced step with its own op durations (oracle op times).
+
+    Transfers: ``cluster`` None takes the links of :func:`traced_cluster` (the wire times
+    this trace measured; no device-side transfer cost), else ``cluster``'s link and
+    device transfer model (e.g. a calibrated one) — then what differs is the error of
+    that model's communication parameters as well as of the rules. ``links``: ``"fifo"``
+    runs the simulator itself (transfers on one directed link one at a time);
+    ``"concurrent"`` the same list schedule with every transfer a plain delay of
+    latency + bytes / bandwidth that never waits for another (as gRPC runs RecvTensor
+    calls side by side), and no device-side transfer cost; the two differ by what the
+    link queue alone costs; ``"traced"`` that schedule with each transfer taking its own
+    traced delivery time, arrival - producer end (control messages too), so only op order and the runtime's gaps
+    remain unmodelled. ``ready_us`` is added to every traced op (the runtime's gap
+    per op, which op durations omit). Control edges across devices cost nothing in
+    the first two; the trace's zero-byte control messages are counted in ``control_transfers``.
+
+    Returns {replay_us, measured_us (the step's traced span), error_pct, wall_us, links,
+    cluster (its name), ready_us, transfers, control_transfers}.
+    """
+    from .simulate import CostModel
+
+    if links not in ("fifo", "concurrent", "traced"):
+        raise TimelineError(f"links {links!r}: expected 'fifo', 'concurrent' or 'traced'")
+    st = rec.steps[step] if isinstance(step, int) else step
+    g = rec.graph
+    cl = traced_cluster(rec, [st]) if cluster is None else cluster
+    if cl.n_devices != rec.n_devices:
+        raise TimelineError(f"cluster {cl.name!r} has {cl.n_devices} devices; the timeline has {rec.n_devices}")
+    dur = np.where(st.traced, st.op_us + ready_us, 0.0)
+    T = np.repeat(dur[:, None], cl.n_devices, axis=1)
+    cm = CostModel(g, cl, op_times=T)
+    p = np.ascontiguousarray(rec.placement, np.int32)
+    reason = cm.violation(p)
+    if reason:
+        raise TimelineError(f"cannot replay: {reason}")
+    if links == "fifo":
+        ms = float(cm.simulate(p).step_time_us)
+    else:
+        wire = None
+        if links == "traced":
+            wire = {}
+            w = st.delivery_us
+            for x in range(st.n_transfers):
+                if st.x_producer[x] >= 0 and np.isfinite(w[x]):
+                    key = (int(st.x_producer[x]), int(st.x_dst[x]), bool(st.x_control[x]))
+                    wire[key] = max(wire.get(key, 0.0), max(float(w[x]), 0.0))
+        ms = float(list_schedule(g, dur, p, cl.latency_us, cl.bandwidth_bytes_per_us, wire)[1].max(initial=0.0))
+    meas = st.span_us
+    return {"replay_us": ms, "measured_us": meas,
+            "error_pct": 100.0 * (ms - meas) / meas if meas > 0 else None,
+            "wall_us": st.wall_us, "links": links, "cluster": cl.name,
+            "ready_us": float(ready_us), "transfers": int((~st.x_control).sum()),
+            "control_transfers": int(st.x_control.sum())}
+
+
+def list_schedule(graph, dur, placement, latency_us, bandwidth, wire=None) -> tuple[np.ndarray, np.ndarray]:
+    """(op start, op end) of the simulator's list schedule with uncontended transfers.
+
+    Each device runs one op at a time, the ready one with the smallest (ready time,
+    topological rank) first, as in the simulator; a tensor needed on another device
+    arrives ``latency + bytes / bandwidth`` after its producer ends, whatever else is in
+    flight; a control edge across devices costs nothing. ``wire``: {(producer op,
+    destination device, is control): µs} overrides those delays where it has an entry.
+    """
+    import heapq
+
+    n = graph.n_ops
+    p = np.asarray(placement, np.int64)
+    rank = graph.topo_rank
+    missing = np.zeros(n, np.int64)
+    out = [[] for _ in range(n)]
+    for s, d, t in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_tensor.tolist()):
+        missing[d] += 1
+        delay = 0.0
+        if p[s] != p[d]:
+            if wire is not None and (s, int(p[d]), t < 0) in wire:
+                delay = wire[(s, int(p[d]), t < 0)]
+            elif t >= 0:
+                delay = float(latency_us[p[s], p[d]] + graph.tensor_bytes[t] / bandwidth[p[s], p[d]])
+        out[s].append((d, delay))
+    D = int(p.max(initial=-1)) + 1
+    ready = [[] for _ in range(D)]
+    running = [False] * D
+    ready_t = np.zeros(n)
+    start, end = np.zeros(n), np.zeros(n)
+    ev = [(0.0, 1, int(rank[i]), i) for i in range(n) if missing[i] == 0]
+    heapq.heapify(ev)
+    while ev:
+        now = ev[0][0]
+        while ev and ev[0][0] == now:
+            _, kind, r, i = heapq.heappop(ev)
+            if kind == 0:  # op done
+                running[p[i]] = False
+                for c, delay in out[i]:
+                    ready_t[c] = max(ready_t[c], now + delay)
+                    missing[c] -= 1
+                    if missing[c] == 0:
+                        heapq.heappush(ev, (ready_t[c], 1, int(rank[c]), c))
+            else:
+                heapq.heappush(ready[p[i]], (now, r, i))
+        for d in range(D):
+            if not running[d] and ready[d]:
+                _, r, i = heapq.heappop(ready[d])
+                running[d] = True
+                start[i], end[i] = now, now + float(dur[i])
+                heapq.heappush(ev, (end[i], 0, r, i))
+    return start, end
+
+
+# ------------------------------------------------------------------ the whole account
+def median_step(rec: Recording) -> int:
+    """The traced step whose span is the median one (the lower middle of an even count)."""
+    spans = [s.span_us for s in rec.steps]
+    return int(np.argsort(spans, kind="stable")[(len(spans) - 1) // 2])
+
+
+def explain(rec: Recording, step: int | None = None, cluster=None) -> dict:
+    """Everything ``placetool explain`` reports about one traced step (default: the
+    median one): :func:`breakdown`, :func:`transfers`, :func:`op_inflation` and the
+    replays (the simulator's link queue, concurrent transfers, traced transfers; plus
+    ``cluster``'s model when given), with the spread of the traced steps' spans."""
+    k = median_step(rec) if step is None else int(step)
+    if not 0 <= k < len(rec.steps):
+        raise TimelineError(f"step {k}: the timeline has steps 0..{len(rec.steps) - 1}")
+    st = rec.steps[k]
+    spans = [s.span_us for s in rec.steps]
+    xs = transfers(rec, k)
+    data = [x for x in xs if x["kind"] == "data" and x["wire_us"] is not None]
+    out = {"graph": rec.graph.name, "ops": rec.graph.n_ops, "devices": rec.device_names(),
+           "tf_devices": rec.devices, "step": k, "steps": len(rec.steps), "span_us": st.span_us,
+           "spans_us": spans, "wall_us": st.wall_us,
+           "untraced_step_us": float(np.median(rec.untraced_step_us)) if rec.untraced_step_us else None,
+           "single_step_us": rec.single_step_us,
+           "breakdown": breakdown(rec, k), "transfers": xs,
+           "n_data_transfers": len([x for x in xs if x["kind"] == "data"]),
+           "n_control_transfers": len([x for x in xs if x["kind"] == "control"]),
+           "median_wire_us": float(np.median([x["wire_us"] for x in data])) if data else None,
+           "inflation": op_inflation(rec),
+           "replay": {m: replay(rec, k, links=m) for m in ("fifo", "concurrent", "traced")}}
+    if cluster is not None:
+        out["replay"]["cluster"] = replay(rec, k, cluster=cluster, links="fifo")
+    return out
