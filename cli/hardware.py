@@ -71,8 +71,17 @@ def check_one_source(testbed_n, cluster_spec, local) -> None:
         raise UserError(f"give only one of --testbed N, --cluster-spec FILE, --local (got {' and '.join(chosen)})")
 
 
+def check_model_source(source) -> None:
+    """A graph file (.npz) is data, not a model: these commands never run the source it
+    records. Said before TensorFlow loads."""
+    if str(source).endswith(".npz"):
+        raise UserError(f"--graph {source}: a placetool graph file, not a model; give the model it was imported "
+                        "from (zoo name, module:function, SavedModel or .pb)")
+
+
 def trace_source(source, zoo_args, **kw):
     """Trace a model for calibrate/verify; a builder that refuses a --zoo-arg is a user error."""
+    check_model_source(source)
     from placetool.costmodel.tf.importer import trace
 
     extra = parse_zoo_args(zoo_args)
@@ -302,6 +311,8 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
 
     log = _log(quiet or as_json)
     parse_zoo_args(zoo_args)  # malformed KEY=VALUE: before any tracing
+    for gsrc in graphs:
+        check_model_source(gsrc)
     traced = []
     for gsrc in graphs:
         log(f"tracing {gsrc} ...")

@@ -119,12 +119,23 @@ class _Bar:
 @click.option("--cluster-spec", type=click.Path(dir_okay=False), default=None,
               help="--verify-top: measure on a running TF cluster (JSON cluster spec).")
 @click.option("--local", is_flag=True, help="--verify-top: measure on this process's own devices.")
+@click.option("--model", default=None, metavar="SOURCE",
+              help="--verify-top: the model to run (module:function from the current directory, SavedModel "
+                   "or .pb), checked against the graph; a graph file's own recorded source is never run unasked.")
+@click.option("--trust-graph-source", "trust_source", is_flag=True,
+              help="--verify-top: run the model source the graph file records (prints what it imports).")
+@click.option("--dask", "dask_local", is_flag=True,
+              help="sa: run annealing islands on a local Dask cluster (--workers processes) that share their best.")
+@click.option("--scheduler", default=None, metavar="ADDR",
+              help="sa: run annealing islands on the Dask cluster of this scheduler (e.g. tcp://host:8786).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="--dask: worker processes (default: one per core).")
 @click.option("--progress/--no-progress", "show_progress", default=True,
               help="Progress bar on stderr (only on a terminal).")
 @notes_compiles
 def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed, out, profile, as_json, quiet,
            compare, method_opts, storage, policy, init_from, logdir, verify_top, testbed_n, cluster_spec, local,
-           show_progress):
+           model, trust_source, dask_local, scheduler, workers, show_progress):
     """Search a placement of GRAPH on CLUSTER with METHOD within a budget.
 
     Prints the best placement's simulated step time beside a lower bound on any
@@ -149,13 +160,26 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     given = {**flags, **_parse_options(method_opts)}
     options = S.check_options(method, given, spell=lambda k: f"--{k.replace('_', '-')}" if k in flags
                               else repr(k))  # before the graph is loaded
+    if dask_local or scheduler:  # one sa search spread over a Dask cluster's workers
+        if dask_local and scheduler:
+            raise UserError("give only one of --dask, --scheduler ADDR")
+        if method != "sa":
+            raise UserError(f"--dask and --scheduler run annealing islands: they need --method sa, not {method!r}")
+        options = {**options, "scheduler": scheduler, "workers": workers}
+        method = "islands"
+    elif workers is not None:
+        raise UserError("--workers only applies with --dask")
 
+    if (model is not None or trust_source) and not verify_top:
+        raise UserError(f"{'--model' if model is not None else '--trust-graph-source'} only applies with --verify-top")
+    if model is not None and trust_source:
+        raise UserError("give only one of --model SOURCE, --trust-graph-source")
     g, cl, cm = load_problem(graph, cluster, profile)
     problem = S.Problem(cm)  # SearchError when no placement can fit
     if verify_top:
         from .verifytop import check_verify_options
 
-        check_verify_options(g, cl, testbed_n, cluster_spec, local)  # before searching
+        check_verify_options(g, cl, testbed_n, cluster_spec, local, model, trust_source)  # before searching
     interrupted = None  # exit status when Ctrl-C (130) or SIGTERM (143) cut the search short
     failed = None  # an unexpected exception from the method (a bug), reported after the output
     try:
@@ -213,7 +237,8 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
         from .verifytop import verify
 
         obj["verified"], best, best_us = verify(g, cl, cm, profile, problem, result, verify_top, testbed_n,
-                                                cluster_spec, local, seed, as_json or quiet)
+                                                cluster_spec, local, seed, as_json or quiet,
+                                                model=model, trust=trust_source)
         v = obj["verified"]["rows"][obj["verified"]["recommended"]]
         # what hardware measured fastest is the answer, whatever the simulator preferred
         extra = {"verified": {"label": v["label"], "measured_us": v["measured_us"],
@@ -259,6 +284,9 @@ def _print_human(g, cl, obj, baselines, out) -> None:
         click.echo(f"compiled    kernels in {obj['compile_seconds']:.1f} s more (first use on this machine; "
                    f"cached for later runs)")
     meta = obj.get("metadata") or {}
+    if meta.get("epochs") and meta.get("workers"):  # islands: how many took part
+        click.echo(f"islands     {meta['workers']} workers, {len(meta['epochs'])} epochs, "
+                   f"{meta.get('islands_dropped', 0)} island-epochs lost")
     if meta.get("source"):  # where the best placement came from, when the method says
         vs = meta.get("vs_warm_start")
         click.echo(f"source      {meta['source']}" + (f" ({vs:.3f}x the warm start)" if vs else ""))

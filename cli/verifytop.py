@@ -12,9 +12,10 @@ from placetool.costmodel.errors import UserError
 ONE_SHOT = ("round-robin", "expert", "metis", "mincut", "heft", "critical-path", "m-topo", "m-etf", "m-sct")
 
 
-def check_verify_options(g, cl, testbed_n, cluster_spec, local) -> None:
+def check_verify_options(g, cl, testbed_n, cluster_spec, local, model=None, trust=False) -> None:
     """Fail before the search if the hardware check cannot run: no devices, no
-    TensorFlow, a graph whose source cannot be traced again, a cluster unlike the devices."""
+    TensorFlow, a graph whose source cannot be traced again (or that records a user
+    source, with neither ``model`` named nor ``trust`` given), a cluster unlike the devices."""
     from .hardware import check_cluster_matches, planned_spec
 
     if not (testbed_n or cluster_spec or local):
@@ -24,7 +25,7 @@ def check_verify_options(g, cl, testbed_n, cluster_spec, local) -> None:
     require_tf()
     from placetool.costmodel.tf.importer import check_retraceable
 
-    check_retraceable(g)
+    check_retraceable(g, model=model, trust=trust)
     check_cluster_matches(cl, planned_spec(testbed_n, "cpu", cluster_spec, local))
 
 
@@ -58,7 +59,7 @@ def baselines(problem, seed: int, log=None) -> list[tuple[str, str, np.ndarray]]
 
 
 def verify(g, cl, cm, profile_path, problem, result, k, testbed_n, cluster_spec, local, seed, quiet,
-           rounds: int = 3, steps: int = 3) -> tuple[dict, np.ndarray, float]:
+           rounds: int = 3, steps: int = 3, model=None, trust=False) -> tuple[dict, np.ndarray, float]:
     """Measure the k best placements seen, the best single device and the best one-shot
     baseline in one interleaved run. Returns (JSON-ready summary, recommended per-op
     placement of ``g``, its predicted µs)."""
@@ -74,7 +75,8 @@ def verify(g, cl, cm, profile_path, problem, result, k, testbed_n, cluster_spec,
     cands = [("search", f"search #{i + 1}", g.to_placement(a)) for i, (_, _, a) in enumerate(top)]
     cands += baselines(problem, seed, log)
     log(f"tracing {g.name} again to run it ...")
-    traced = retrace(g)
+    # what runs is said even under --quiet: it is code the user asked to run
+    traced = retrace(g, model=model, trust=trust, say=lambda msg: click.echo(f"placetool: {msg}", err=True))
     rows = [{"label": label, "source": src, "predicted_us": predicted_us(cm, prof, p),
              "devices_used": sorted({cl.names[d] for d in np.unique(p)}),
              "placement": remap_placement(g, p, traced.graph)}

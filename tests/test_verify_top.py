@@ -34,6 +34,14 @@ MODEL = textwrap.dedent('''
         b = keras.layers.Dense(32, activation="relu", name="tower_b")(x)
         h = keras.layers.Concatenate(name="join")([a, b])
         return keras.Model(x, keras.layers.Dense(4, name="logits")(h))
+
+    def three_towers():
+        x = keras.Input((24,), name="features")
+        a = keras.layers.Dense(32, activation="relu", name="tower_a")(x)
+        b = keras.layers.Dense(32, activation="relu", name="tower_b")(x)
+        c = keras.layers.Dense(32, activation="relu", name="tower_c")(x)
+        h = keras.layers.Concatenate(name="join")([a, b, c])
+        return keras.Model(x, keras.layers.Dense(4, name="logits")(h))
 ''')
 
 def placetool(*args, cwd=None):
@@ -91,6 +99,93 @@ def test_verify_top_refuses_before_searching(args, msg):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def _tampered(tmp_path, source="evilmod:build", kind="module"):
+    """A graph file whose meta names a module (in a folder of the sender's choosing) that
+    leaves a marker file when imported, and a two-CPU cluster for it."""
+    from placetool.costmodel import presets
+
+    evil = tmp_path / "sender"
+    evil.mkdir()
+    marker = tmp_path / "IMPORTED"
+    (evil / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n"
+                                     "def build():\n    return 'not a model'\n")
+    g = presets.load_graph("synthetic-1k")
+    g.meta["trace"] = {"kind": kind, "source": source, "cwd": str(evil), "batch": 8, "mode": "train",
+                       "optimizer": "sgd"}
+    path = tmp_path / "victim.npz"
+    g.save(path)
+    cluster = tmp_path / "cpu2.toml"
+    cluster.write_text(CPU2)
+    return path, cluster, marker, evil
+
+
+def test_a_tampered_graph_file_imports_nothing_without_the_users_say(tmp_path):
+    path, cluster, marker, evil = _tampered(tmp_path)
+    g, c = str(path), str(cluster)
+    r = placetool("search", "-g", g, "-c", c, "--method", "round-robin", "--verify-top", "1", "--testbed", "2",
+                  cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert (f"was traced from evilmod:build in {evil}; placetool does not run or load a model a graph file names"
+            in r.stderr and "--model" in r.stderr and "--trust-graph-source" in r.stderr), r.stderr
+    # the commands that only read a graph file never import what it names
+    for args in (["simulate", "-g", g, "-c", c], ["show", "-g", g, "-c", c, "-o", str(tmp_path / "g.svg")],
+                 ["search", "-g", g, "-c", c, "--method", "round-robin"], ["info", "--graph", g]):
+        r = placetool(*args, cwd=tmp_path)
+        assert r.returncode == 0, (args, r.stderr)
+    # verify and calibrate take a model, not a graph file: refused before TensorFlow loads
+    for args in (["verify", "-g", g, "-c", c, "-p", "round-robin", "--testbed", "2"],
+                 ["calibrate", "-g", g, "--testbed", "2", "-o", str(tmp_path / "p.json")]):
+        r = placetool(*args, cwd=tmp_path)
+        assert r.returncode == 2 and f"--graph {g}: a placetool graph file, not a model" in r.stderr, r.stderr
+    # --model and the trust flag only mean something with --verify-top
+    r = placetool("search", "-g", g, "-c", c, "--trust-graph-source", cwd=tmp_path)
+    assert r.returncode == 2 and "--trust-graph-source only applies with --verify-top" in r.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("kind,source", [("saved_model", "{evil}"), ("graph_def", "{evil}/model.pb")])
+def test_a_recorded_model_file_is_not_loaded_without_the_users_say(tmp_path, kind, source):
+    path, cluster, marker, evil = _tampered(tmp_path)
+    from placetool.costmodel import presets
+
+    graph = presets.load_graph(str(path))
+    graph.meta["trace"] = {"kind": kind, "source": source.format(evil=evil), "batch": 8, "mode": "infer"}
+    graph.save(path)
+    r = placetool("search", "-g", str(path), "-c", str(cluster), "--method", "round-robin", "--verify-top", "1",
+                  "--testbed", "2")
+    assert r.returncode == 2 and "placetool does not run or load a model a graph file names" in r.stderr
+    assert f"give --model {source.format(evil=evil)}" in r.stderr
+
+
+@pytest.mark.slow  # loads TensorFlow
+def test_the_trust_flag_imports_the_recorded_module_and_says_which(tmp_path):
+    path, cluster, marker, evil = _tampered(tmp_path)
+    r = placetool("search", "-g", str(path), "-c", str(cluster), "--method", "round-robin", "--verify-top", "1",
+                  "--testbed", "2", "--trust-graph-source", "-q", cwd=tmp_path)
+    assert marker.exists()  # the user asked for it
+    assert (f"placetool: importing module 'evilmod' from {evil / 'evilmod.py'} and calling build() "
+            "(recorded in graph 'synthetic-1k', --trust-graph-source)") in r.stderr, r.stderr
+    # the module is no Keras model builder: one line, exit 2
+    assert r.returncode == 2 and "evilmod:build: returned str, not a keras.Model" in r.stderr
+
+
+@pytest.mark.slow  # loads TensorFlow
+def test_model_named_on_the_command_line_is_imported_from_the_current_folder(tmp_path):
+    path, cluster, marker, evil = _tampered(tmp_path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    r = placetool("search", "-g", str(path), "-c", str(cluster), "--method", "round-robin", "--verify-top", "1",
+                  "--testbed", "2", "--model", "evilmod:build", cwd=mine)
+    assert r.returncode == 2 and f"--model evilmod:build: no module 'evilmod' in {mine}" in r.stderr, r.stderr
+    assert not marker.exists()  # the sender's folder is not searched for the named module
+    r = placetool("search", "-g", str(path), "-c", str(cluster), "--method", "round-robin", "--verify-top", "1",
+                  "--testbed", "2", "--model", "evilmod:build", cwd=evil)
+    assert marker.exists()
+    assert (f"placetool: importing module 'evilmod' from {evil / 'evilmod.py'} and calling build() "
+            "(named by --model)") in r.stderr, r.stderr
+    assert r.returncode == 2 and "returned str, not a keras.Model" in r.stderr
+
+
 def test_a_graph_whose_module_is_gone_is_refused_before_searching(tmp_path):
     from placetool.costmodel import presets
 
@@ -102,7 +197,7 @@ def test_a_graph_whose_module_is_gone_is_refused_before_searching(tmp_path):
     cluster = tmp_path / "cpu2.toml"
     cluster.write_text(CPU2)
     r = placetool("search", "-g", str(path), "-c", str(cluster), "--method", "single", "--verify-top", "1",
-                  "--testbed", "2")
+                  "--testbed", "2", "--trust-graph-source")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"was traced from gone_module:build in {tmp_path}, but module 'gone_module' is not there" in r.stderr
 
@@ -127,10 +222,17 @@ def test_verify_top_on_an_imported_user_model(tmp_path):
 
     cluster = tmp_path / "cpu2.toml"
     cluster.write_text(CPU2)
+    # a model named on the command line must be the graph's own
+    r = placetool("search", "-g", str(graph), "-c", str(cluster), "--method", "random", "--budget-evals", "40",
+                  "--verify-top", "2", "--testbed", "2", "--model", "pt_user_towers:three_towers", cwd=models)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "graph 'pt_user_towers:two_towers': --model pt_user_towers:three_towers gives " in r.stderr
     out = tmp_path / "best.json"
     r = placetool("search", "-g", str(graph), "-c", str(cluster), "--method", "random", "--budget-evals", "40",
-                  "--verify-top", "2", "--testbed", "2", "--json", "--out", str(out), cwd=tmp_path)
+                  "--verify-top", "2", "--testbed", "2", "--json", "--out", str(out), "--trust-graph-source",
+                  cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+    assert f"placetool: importing module 'pt_user_towers' from {models.resolve() / 'pt_user_towers.py'}" in r.stderr
     d = json.loads(r.stdout)
     v = d["verified"]
     rows = v["rows"]
