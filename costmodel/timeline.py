@@ -12,11 +12,11 @@ A timeline file (format ``placetool.timeline``, version 1; written by
                 "recv": [[EDGE, PRODUCER, src, dst, bytes, start_us, dur_us], ...]}],
      "single": {"device": 0, "step_us": .., "op_us": {"OP": median_us, ...}}}  # optional
 
-Times are µs from the step's first record. ``recv`` are the ``RecvTensor`` RPCs: the
-receiver asks for a tensor as soon as its ``_Recv`` is scheduled, often long before the
-producer ends, so a request's start says little; its end is when the tensor arrived.
-Each transfer is therefore read as: producer end <= arrival (RPC end) <= consumer start,
-and its *wire time* is arrival - max(producer end, RPC start).
+Times are µs from the step's first record. ``recv`` are the ``RecvTensor`` RPCs as the
+receiving worker logs them; the RPC's end is when the tensor arrived. Each transfer is
+read as producer end <= RPC start <= RPC end (arrival) <= first consumer start (so it was
+in every recorded step); its *wire time* is arrival - max(producer end, RPC start), its
+*delivery time* arrival - producer end, which adds any wait for the receiver to ask.
 
 :func:`breakdown` splits each device's step into busy (running graph ops), ready
 (an op of it had every input and had not started: the executor's own gaps), transfer
