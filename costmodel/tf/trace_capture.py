@@ -78,7 +78,8 @@ def _traced_steps(st, n: int, timeout_s: float) -> list[dict]:
             opts = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
             md = tf1.RunMetadata()
             s = time.perf_counter()
-            st.sess.run(st.ops, options=opts, run_metadata=md)
+            # PlacedStep.run, where there is one, watches the workers while the step runs
+            getattr(st, "run", st.sess.run)(st.ops, options=opts, run_metadata=md)
             wall = (time.perf_counter() - s) * 1e6
             rec = step_records(md.step_stats, st.traced.graph, st.spec.tf_devices)
             rec["wall_us"] = round(wall, 1)
