@@ -40,8 +40,6 @@ import time
 import numpy as np
 from numba import njit
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 
 @njit(cache=True, inline="always")
 def _less(ta, ka, tb, kb):
@@ -335,8 +333,12 @@ def callgrind(graph, cluster, reps=4):
     """Instructions, first-level data read misses and branch misses per op of each kernel."""
     from simulator import callgrind_counts
 
-    head = (f"import sys\nsys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
-            f"import eventless, numpy as np\nfrom placetool.costmodel import kernels\n"
+    # the child runs from no folder of ours: it loads this script from its file
+    head = (f"import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('eventless', {os.path.abspath(__file__)!r})\n"
+            f"eventless = sys.modules['eventless'] = importlib.util.module_from_spec(spec)\n"
+            f"spec.loader.exec_module(eventless)\n"
+            f"import numpy as np\nfrom placetool.costmodel import kernels\n"
             f"cm, P = eventless.setup({graph!r}, {cluster!r}, {reps + 1})\nws = eventless.workspace(cm)\n"
             f"w = cm.work()\n")
     bodies = {"engine": "kernels.simulate_full(cm.net, w, P[i + 1], False)",

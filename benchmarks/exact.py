@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from testhelpers import helpers
 
-from placetool.search import Budget, run  # noqa: E402
-from tests.test_search_exact import random_problem  # noqa: E402
+from placetool.search import Budget, run
+
+random_problem = helpers.random_problem
 
 
 def parse_searchers(text: str) -> list[tuple[str, int]]:

@@ -30,11 +30,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import numpy as np  # noqa: E402
-
-from benchmarks.accuracy import DEFAULT_GRAPHS, calibrate_for, devices, trace_graph  # noqa: E402
+import numpy as np
+from accuracy import DEFAULT_GRAPHS, calibrate_for, devices, trace_graph  # the script beside this one
 
 
 def placetool(*args, cwd):

@@ -17,10 +17,6 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def bench_import(model: str, repeat: int) -> dict:

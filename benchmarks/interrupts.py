@@ -30,9 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from testhelpers import helpers
 
-from tests.helpers import ForegroundRun  # noqa: E402  (the CLI on a terminal, as the signal tests start it)
+ForegroundRun = helpers.ForegroundRun  # the CLI on a terminal, as the signal tests start it
 
 def trial(args, delay: float, workdir: Path) -> tuple[str, str, float]:
     """One run interrupted ``delay`` s after its first scored placement: (outcome, terminal

@@ -30,14 +30,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from placetool.costmodel import CostModel, presets  # noqa: E402
-from placetool.search import Budget, Problem, run  # noqa: E402
+from placetool.costmodel import CostModel, presets
+from placetool.search import Budget, Problem, run
 
 INSTANCES = ("nmt/k80x4", "inception_v3/k80x4", "gnmt4/k40x8", "transformer/k40x8")
 HELD_OUT = ("inception_v3/k80x4", "gnmt8/k40x8", "transformer/k40x8")

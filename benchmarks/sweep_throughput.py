@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from placetool.search.store import ResultStore  # noqa: E402
-from placetool.search.sweep import cpu_count, parse_sweep, run_one, run_sweep  # noqa: E402
+from placetool.search.store import ResultStore
+from placetool.search.sweep import cpu_count, parse_sweep, run_one, run_sweep
 
 
 def grid(seeds: int, evals: int):

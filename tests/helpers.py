@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 
 import networkx as nx
+import numpy as np
 
-from placetool.costmodel import Cluster
+from placetool.costmodel import Cluster, CostModel, OpGraph
+from placetool.search import Problem
 
 
 def cluster(n_devices=2, latency=1.0, bandwidth=10.0, memory=1 << 40, kinds=None, name="test", **transfer_costs):
@@ -38,6 +40,23 @@ def nxgraph(nodes, edges, name="g"):
     for e in edges:
         g.add_edge(e[0], e[1], **(e[2] if len(e) > 2 else {}))
     return g
+
+
+def random_problem(n: int, devices: int, seed: int, latency=5.0, bandwidth=20.0, hetero=False) -> Problem:
+    """A random DAG of ``n`` ops (each its own group; 1-3 inputs from the previous
+    ops), integer op times 5..40 µs (device-dependent with ``hetero``), tensors of
+    100..2000 bytes, uniform links."""
+    rng = np.random.default_rng(seed)
+    g = nx.DiGraph()
+    for v in range(n):
+        g.add_node(f"op{v}", op_type="Op", out_bytes=int(rng.integers(100, 2000)))
+    for v in range(1, n):
+        for u in rng.choice(v, size=min(v, int(rng.integers(1, 4))), replace=False):
+            g.add_edge(f"op{u}", f"op{v}", bytes=g.nodes[f"op{u}"]["out_bytes"])
+    base = rng.integers(5, 41, size=(n, 1)).astype(float)
+    T = base * (rng.uniform(0.5, 2.0, size=(n, devices)) if hetero else np.ones((1, devices)))
+    cl = cluster(devices, latency=latency, bandwidth=bandwidth, kinds=["gpu"] * devices)
+    return Problem(CostModel(OpGraph.from_networkx(g, f"rand{n}-{seed}"), cl, op_times=np.round(T)))
 
 
 def cost_models(min_ops=1, max_ops=24, min_devices=1, max_devices=4, max_param=50, memories=(10_000,)):

@@ -15,24 +15,7 @@ from placetool.costmodel import CostModel, OpGraph, presets
 from placetool.search import Budget, Problem, Tracker, run
 from placetool.search.exact import (bound_into, branching_order, descend, device_classes, fill_level, make_ops,
                                     make_work, one_machine_bound, partial_bound)
-from tests.helpers import brute_force, cluster, cost_models, nxgraph
-
-
-def random_problem(n: int, devices: int, seed: int, latency=5.0, bandwidth=20.0, hetero=False) -> Problem:
-    """A random DAG of ``n`` ops (each its own group; 1-3 inputs from the previous
-    ops), integer op times 5..40 µs (device-dependent with ``hetero``), tensors of
-    100..2000 bytes, uniform links."""
-    rng = np.random.default_rng(seed)
-    g = nx.DiGraph()
-    for v in range(n):
-        g.add_node(f"op{v}", op_type="Op", out_bytes=int(rng.integers(100, 2000)))
-    for v in range(1, n):
-        for u in rng.choice(v, size=min(v, int(rng.integers(1, 4))), replace=False):
-            g.add_edge(f"op{u}", f"op{v}", bytes=g.nodes[f"op{u}"]["out_bytes"])
-    base = rng.integers(5, 41, size=(n, 1)).astype(float)
-    T = base * (rng.uniform(0.5, 2.0, size=(n, devices)) if hetero else np.ones((1, devices)))
-    cl = cluster(devices, latency=latency, bandwidth=bandwidth, kinds=["gpu"] * devices)
-    return Problem(CostModel(OpGraph.from_networkx(g, f"rand{n}-{seed}"), cl, op_times=np.round(T)))
+from tests.helpers import brute_force, cluster, cost_models, nxgraph, random_problem
 
 
 @pytest.mark.parametrize("seed", range(4))
