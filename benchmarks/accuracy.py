@@ -15,9 +15,18 @@ Per graph: median and max |error| %, Kendall's tau, whether the predicted best i
 measured best, the calibration's fit and held-out errors, and the noise floor (median over
 placements of half the range of their round medians, in %).
 
+A sentinel (a fixed reference step, ``costmodel/tf/sentinel.py``) is timed before the
+rounds and after each one: its spread is reported as the noise floor beside the errors
+(``sentinel±%``), rounds during which it drifted are run again or flagged, and each
+placement's measured step is also given as a paired per-round ratio to one device,
+beside the predicted ratio (``ratio|err|%``). ``--replay`` also traces one step of every
+placement and replays it with the traced op times (``placetool explain``): the error of
+the schedule and communication rules alone, per placement (goal: within 5%).
+
     .venv/bin/python benchmarks/accuracy.py                  # 2-worker CPU testbed, 3 graphs
     .venv/bin/python benchmarks/accuracy.py --json --rows-out rows.json
     .venv/bin/python benchmarks/accuracy.py --graph models:towers@256 --placements 40
+    .venv/bin/python benchmarks/accuracy.py --replay --json --rows-out rows.json
 
 A graph is ``SOURCE[@BATCH]``: a zoo name with builder options (``nmt:hidden=256,vocab=2000@32``)
 or ``module:function`` importable from ``benchmarks/`` (``models:towers@256``).
@@ -161,6 +170,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="calibration: repeats per lone transfer size")
     ap.add_argument("--max-transfer", type=int, default=4 * 2 ** 20, help="calibration: largest lone transfer, bytes")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-sentinel", action="store_true", help="plain interleaved rounds, no reference step")
+    ap.add_argument("--replay", action="store_true", help="also trace and replay one step of every placement")
+    ap.add_argument("--replay-steps", type=int, default=3, help="traced steps per placement for --replay (median)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--rows-out", default=None, help="also write every (graph, placement) row as JSON here")
     a = ap.parse_args(argv)
@@ -168,6 +180,7 @@ def main(argv=None) -> int:
 
     from placetool.costmodel import CostModel
     from placetool.costmodel.tf.runner import measure_interleaved
+    from placetool.costmodel.tf.sentinel import measure_with_sentinel
 
     graphs = a.graph or DEFAULT_GRAPHS
     rows, detail = [], []
@@ -182,19 +195,41 @@ def main(argv=None) -> int:
             cm = CostModel(t.graph, cl, profile=profile)
             cands = candidate_placements(cm, a.placements, a.seed, log)
             log(f"{s}: measuring {len(cands)} placements, {a.rounds} interleaved rounds of {a.steps} steps ...")
-            reps = measure_interleaved(t, [p for _, p in cands], spec, rounds=a.rounds, steps=a.steps, warmup=2)
+            if a.no_sentinel:
+                reps = measure_interleaved(t, [p for _, p in cands], spec, rounds=a.rounds, steps=a.steps, warmup=2)
+                sent = None
+            else:
+                # candidate 0 is every op on device 0: the paired ratios' reference
+                reps, sent = measure_with_sentinel(t, [p for _, p in cands], spec, rounds=a.rounds, steps=a.steps,
+                                                   warmup=2, reference=0, log=log)
+                log(f"  sentinel: noise floor ±{sent['noise_floor_pct']:.1f}%, {sent['redone']} round(s) run "
+                    f"again, flagged: {sent['flagged_rounds'] or 'none'}")
+            replays = [replay_placement(t, p, spec, a.replay_steps) for _, p in cands] if a.replay else None
             pred, meas = [], []
-            for (label, p), m in zip(cands, reps):
+            pred_ref = None
+            for k, ((label, p), m) in enumerate(zip(cands, reps)):
                 sim = cm.simulate(p).step_time_us
                 pr = sim + profile.step_overhead(len(np.unique(p)))
                 pred.append(pr)
                 meas.append(m.step_us)
+                pred_ref = pr if k == 0 else pred_ref
                 detail.append({"graph": s, "placement": label, "devices_used": int(len(np.unique(p))),
                                "predicted_us": pr, "simulated_us": sim, "measured_us": m.step_us,
                                "spread_pct": m.spread_pct, "round_us": m.round_us,
                                "error_pct": 100 * (pr - m.step_us) / m.step_us})
+                if sent is not None:
+                    pm = sent["paired"][k]
+                    detail[-1].update({"measured_ratio": pm["ratio"], "ratio_spread_pct": pm["spread_pct"],
+                                       "predicted_ratio": pr / pred_ref,
+                                       "ratio_error_pct": 100 * (pr / pred_ref - pm["ratio"]) / pm["ratio"]})
+                if replays is not None:
+                    detail[-1].update(replays[k])
                 log(f"  {label:<16} predicted {pr / 1e3:9.2f} ms  measured {m.step_us / 1e3:9.2f} ms "
-                    f"±{m.spread_pct:4.1f}%  error {detail[-1]['error_pct']:+7.1f}%")
+                    f"±{m.spread_pct:4.1f}%  error {detail[-1]['error_pct']:+7.1f}%"
+                    + (f"  ratio {detail[-1]['measured_ratio']:.3f} (predicted {detail[-1]['predicted_ratio']:.3f})"
+                       if sent is not None else "")
+                    + (f"  replay {detail[-1]['replay_fifo_error_pct']:+.1f}% / concurrent "
+                       f"{detail[-1]['replay_concurrent_error_pct']:+.1f}%" if replays is not None else ""))
             fit = profile.meta.get("transfer_fit", {})
             rows.append({"graph": s, "ops": t.graph.n_ops, "placements": len(cands), **score(pred, meas),
                          "noise_floor_pct": float(np.median([m.spread_pct for m in reps])),
@@ -202,7 +237,9 @@ def main(argv=None) -> int:
                          "calibration_held_out_median_abs_error_pct":
                              fit.get("held_out", {}).get("median_abs_error_pct"),
                          "transfer_params": fit.get("params"),
-                         "calibration_noise_floor_pct": fit.get("noise_floor_pct")})
+                         "calibration_noise_floor_pct": fit.get("noise_floor_pct"),
+                         **sentinel_summary(sent, detail[-len(cands):]),
+                         **replay_summary(detail[-len(cands):] if replays is not None else None)})
     finally:
         if tb is not None:
             tb.stop()
@@ -217,15 +254,59 @@ def main(argv=None) -> int:
         return 0
     print()
     print(f"{'graph':<50} {'ops':>5} {'pl':>4} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} {'best':>5} "
-          f"{'noise±%':>8} {'fit%':>6} {'held%':>6}")
+          f"{'noise±%':>8} {'sentinel±%':>10} {'ratio|err|%':>11} {'replay|err|%':>12} {'fit%':>6} {'held%':>6}")
     for r in rows:
         f = r["calibration_fit_median_abs_error_pct"]
         h = r["calibration_held_out_median_abs_error_pct"]
         print(f"{r['graph']:<50} {r['ops']:>5} {r['placements']:>4} {r['median_abs_error_pct']:>9.1f} "
               f"{r['max_abs_error_pct']:>9.1f} {r['kendall_tau']:>6.2f} {('yes' if r['best_agrees'] else 'no'):>5} "
-              f"{r['noise_floor_pct']:>8.1f} {f if f is None else round(f, 1):>6} {h if h is None else round(h, 1):>6}")
+              f"{r['noise_floor_pct']:>8.1f} {_num(r.get('sentinel_noise_floor_pct')):>10} "
+              f"{_num(r.get('ratio_median_abs_error_pct')):>11} {_num(r.get('replay_fifo_max_abs_error_pct')):>12} "
+              f"{f if f is None else round(f, 1):>6} {h if h is None else round(h, 1):>6}")
     print(f"({secs:.0f} s; devices: {len(spec.tf_devices)} x {spec.kinds[0]})")
     return 0
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def replay_placement(t, p, spec, steps: int) -> dict:
+    """Trace ``steps`` steps of one placement and replay the median one with its own op
+    times: the simulator's link queue, transfers side by side, each its traced delivery."""
+    from placetool.costmodel import timeline as TL
+    from placetool.costmodel.tf.trace_capture import capture
+
+    rec = TL.load(capture(t, p, spec, steps=steps, warmup=2, single_device=None), t.graph)
+    k = TL.median_step(rec)
+    out = {"replay_span_us": rec.steps[k].span_us}
+    for links in ("fifo", "concurrent", "traced"):
+        r = TL.replay(rec, k, links=links)
+        out[f"replay_{links}_error_pct"] = r["error_pct"]
+    # fewer traced than simulated transfers: RecvTensor records missing from the trace
+    out["replay_transfers"], out["replay_simulated_transfers"] = r["transfers"], r["simulated_transfers"]
+    return out
+
+
+def sentinel_summary(sent, rows) -> dict:
+    if sent is None:
+        return {}
+    e = [abs(r["ratio_error_pct"]) for r in rows]
+    return {"sentinel_noise_floor_pct": sent["noise_floor_pct"], "sentinel_limit_pct": sent["limit_pct"],
+            "rounds_redone": sent["redone"], "flagged_rounds": sent["flagged_rounds"],
+            "ratio_median_abs_error_pct": float(np.median(e)), "ratio_max_abs_error_pct": float(np.max(e))}
+
+
+def replay_summary(rows) -> dict:
+    if rows is None:
+        return {}
+    out = {}
+    for links in ("fifo", "concurrent", "traced"):
+        e = [abs(r[f"replay_{links}_error_pct"]) for r in rows]
+        out[f"replay_{links}_median_abs_error_pct"] = float(np.median(e))
+        out[f"replay_{links}_max_abs_error_pct"] = float(np.max(e))
+        out[f"replay_{links}_within_5pct"] = int(sum(x <= 5.0 for x in e))
+    return out
 
 
 if __name__ == "__main__":

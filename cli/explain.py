@@ -164,7 +164,8 @@ def _print(e: dict, top: int) -> None:
     wire = e["median_wire_us"]
     click.echo(f"transfers: {e['n_data_transfers']} tensors"
                + (f" (median wire time {fmt_us(wire)})" if wire is not None else "")
-               + f", {e['n_control_transfers']} control messages")
+               + f", {e['n_control_transfers']} control messages; the simulator counts "
+               f"{e['simulated_transfers']} tensors")
     if top:
         xs = sorted([x for x in e["transfers"] if x["delivery_us"] is not None],
                     key=lambda x: -x["delivery_us"])[:top]

@@ -499,7 +499,17 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
             "error_pct": 100.0 * (ms - meas) / meas if meas > 0 else None,
             "wall_us": st.wall_us, "links": links, "cluster": cl.name,
             "ready_us": float(ready_us), "transfers": int((~st.x_control).sum()),
-            "control_transfers": int(st.x_control.sum())}
+            "control_transfers": int(st.x_control.sum()), "simulated_transfers": simulated_transfers(g, p)}
+
+
+def simulated_transfers(graph, placement) -> int:
+    """How many transfers the simulator makes of a placement: one per (tensor,
+    destination device) across devices. Fewer traced data transfers than this means
+    RecvTensor records missing from the step's trace."""
+    p = np.asarray(placement, np.int64)
+    t = graph.edge_tensor
+    cross = (t >= 0) & (p[graph.edge_src] != p[graph.edge_dst])
+    return int(len(set(zip(t[cross].tolist(), p[graph.edge_dst[cross]].tolist()))))
 
 
 def list_schedule(graph, dur, placement, latency_us, bandwidth, wire=None) -> tuple[np.ndarray, np.ndarray]:
@@ -584,6 +594,7 @@ def explain(rec: Recording, step: int | None = None, cluster=None) -> dict:
            "n_data_transfers": len([x for x in xs if x["kind"] == "data"]),
            "n_control_transfers": len([x for x in xs if x["kind"] == "control"]),
            "median_wire_us": float(np.median([x["wire_us"] for x in data])) if data else None,
+           "simulated_transfers": simulated_transfers(rec.graph, rec.placement),
            "inflation": op_inflation(rec),
            "replay": {m: replay(rec, k, links=m) for m in ("fifo", "concurrent", "traced")}}
     if cluster is not None:

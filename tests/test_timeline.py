@@ -165,6 +165,7 @@ def test_explain_cli_reads_a_recording(capsys):
     e = json.loads(out)
     assert e["step"] == 1 and e["steps"] == 3  # the median span
     assert e["n_data_transfers"] == 46 and e["n_control_transfers"] == 7
+    assert e["simulated_transfers"] == 46  # every tensor the simulator sends was traced
     assert e["replay"]["fifo"]["error_pct"] == pytest.approx(505.0, abs=0.1)
     assert len(e["breakdown"]["devices"]) == 2 and len(e["transfers"]) == 53
     code, out, err = _call(["explain", REC, "--step", 0, "--top", 3], capsys)
