@@ -158,17 +158,17 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     flags = {k: v for k, v in dict(storage=storage, policy=policy, init_from=init_from, logdir=logdir).items()
              if v is not None}
     given = {**flags, **_parse_options(method_opts)}
-    options = S.check_options(method, given, spell=lambda k: f"--{k.replace('_', '-')}" if k in flags
-                              else repr(k))  # before the graph is loaded
     if dask_local or scheduler:  # one sa search spread over a Dask cluster's workers
         if dask_local and scheduler:
             raise UserError("give only one of --dask, --scheduler ADDR")
         if method != "sa":
             raise UserError(f"--dask and --scheduler run annealing islands: they need --method sa, not {method!r}")
-        options = {**options, "scheduler": scheduler, "workers": workers}
+        given = {**given, "scheduler": scheduler, "workers": workers}
         method = "islands"
     elif workers is not None:
         raise UserError("--workers only applies with --dask")
+    options = S.check_options(method, given, spell=lambda k: f"--{k.replace('_', '-')}" if k in flags
+                              else repr(k))  # before the graph is loaded
 
     if (model is not None or trust_source) and not verify_top:
         raise UserError(f"{'--model' if model is not None else '--trust-graph-source'} only applies with --verify-top")

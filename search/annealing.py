@@ -285,13 +285,28 @@ def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
     return out, skipped
 
 
+def _start_seed(problem, tracker, start) -> list:
+    """``start`` as sa's one seed, [(objective, "start", assignment)], scored once."""
+    a = np.asarray(start)
+    if a.shape != (problem.n_groups,) or a.dtype.kind not in "iu" or not problem.is_valid(a):
+        raise SearchError(f"sa: start must be a valid assignment of the {problem.n_groups} groups")
+    a = a.astype(np.int32)
+    r = tracker.evaluate(a)
+    o = float(objective(r.step_time_us, r.feasible, r.peak_memory_bytes, problem.cost_model.capacity,
+                        tracker.best_feasible_us)[0])
+    return [(o, "start", a)]
+
+
 @register("sa")
 def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = "auto", batch: Count | None = None,
            guided: Share = 0.7, swap: Share = 0.1, accept_start: Share = 0.05, accept_end: Share = 0.001,
            window: Count = 50, patience: Count | None = None, seeds: Seeds | None = None,
-           checkpoints: Count | None = None, threads: Count | None = None, kinds=None, adapt: bool = True):
+           checkpoints: Count | None = None, threads: Count | None = None, kinds=None, adapt: bool = True,
+           start=None):
     """Simulated annealing with moves aimed at the simulated critical path (see the
-    module docstring); returns metadata."""
+    module docstring); returns metadata. ``start`` (a group assignment, from Python: the
+    islands of :mod:`placetool.search.islands` pass the best of the last epoch) replaces
+    the seeding methods: the run starts there and restarts from the best seen."""
     if mode not in MODES:
         raise SearchError(f"sa: mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
     if moves not in ("critical", "random"):
@@ -301,7 +316,10 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
     cap = cm.capacity
     allowed = problem.allowed
     movable = np.flatnonzero(allowed.sum(axis=1) >= 2)
-    seeds_, skipped = seed_assignments(problem, budget, seed, tracker, names=seeds)
+    if start is None:
+        seeds_, skipped = seed_assignments(problem, budget, seed, tracker, names=seeds)
+    else:
+        seeds_, skipped = _start_seed(problem, tracker, start), []
     if batch is None:
         # a batch is scored on every thread, and fewer neighbours leave threads idle; but
         # under an evaluation budget the same seed gives the same answer on every machine

@@ -243,10 +243,14 @@ class Tracker:
         self.record(A, r.step_time_us, r.feasible, r.peak_memory_bytes)
         return EvalResult(A, r.step_time_us, r.feasible, r.peak_memory_bytes)
 
-    def record(self, A, step, feasible, peak=None) -> None:
+    def record(self, A, step, feasible, peak=None, count: int | None = None) -> None:
         """Count evaluations scored elsewhere (e.g. by an incremental simulator);
-        ``peak`` (B x devices bytes) lets seeding tell how far over memory a row is."""
+        ``peak`` (B x devices bytes) lets seeding tell how far over memory a row is;
+        ``count``: how many evaluations the rows stand for (default one each; an island
+        of :mod:`placetool.search.islands` reports its best of many)."""
         A = np.atleast_2d(A)
+        if count is not None:
+            self.evaluations += max(0, int(count) - len(A))
         if self._captures:
             P = np.zeros((len(A), self.problem.n_devices), np.int64) if peak is None else np.atleast_2d(peak)
             self._captures[-1].append(EvalResult(np.array(A, np.int32), np.asarray(step, float),
