@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-import numpy as np
 
 from placetool.costmodel.errors import UserError, atomic_output
 
