@@ -225,13 +225,14 @@ def test_exact_keeps_its_time_budget_on_a_large_graph():
 
 
 INSTANCES = [(12, 3, 0), (16, 2, 1), (16, 3, 4), (24, 3, 0), (28, 3, 0)]
-#: where a searcher stops above the optimum at these budgets (seed 0)
-SHORT = {("tpe", (16, 3, 4)): "tpe stops 10% above the optimum at 300 trials here",
-         ("tpe", (24, 3, 0)): "tpe stops 9% above the optimum at 300 trials here",
-         ("tpe", (28, 3, 0)): "tpe stops 7% above the optimum at 300 trials here",
-         ("rl", (16, 3, 4)): "rl stops 8.6% above the optimum here, even at 20,000 samples",
-         ("rl", (24, 3, 0)): "rl stops 9% above the optimum (401.8) on 4 of seeds 0-9 here; with "
-                             "widen_after=5, on 1 of them"}
+#: the share above the proven optimum each searcher must come within at these budgets
+#: (seed 0): 2% by default; where one stops short, its measured gap plus about a point,
+#: so that stopping further short fails (measured gaps in the comments)
+CEILING = {("tpe", (16, 3, 4)): 0.095,  # 8.6% (356.2 against 328.0) at 300 trials
+           ("tpe", (24, 3, 0)): 0.10,   # 9.3% (401.8 against 367.75)
+           ("tpe", (28, 3, 0)): 0.08,   # 7.3% (413.2 against 385.2)
+           ("rl", (16, 3, 4)): 0.085,   # 7.7% (353.2 against 328.0); earlier code stayed 8.6% above at 20,000 samples
+           ("rl", (24, 3, 0)): 0.10}    # 9.3% (401.8), as earlier on 4 of seeds 0-9 (on 1 with widen_after=5)
 
 
 @pytest.fixture(scope="module")
@@ -248,9 +249,8 @@ def optima():
 
 @pytest.mark.parametrize("inst", INSTANCES)
 @pytest.mark.parametrize("method,evals", [("sa", 5000), ("tpe", 300), ("rl", 5000)])
-def test_searchers_reach_the_proven_optimum(optima, inst, method, evals, request):
-    if (method, inst) in SHORT:
-        request.applymarker(pytest.mark.xfail(reason=SHORT[method, inst], strict=False))
+def test_searchers_reach_the_proven_optimum(optima, inst, method, evals):
     p, best = optima[inst]
     r = run(method, p, Budget(evals=evals), seed=0)
-    assert r.step_time_us <= best * 1.02
+    ceiling = CEILING.get((method, inst), 0.02)
+    assert r.step_time_us <= best * (1 + ceiling), f"{r.step_time_us / best - 1:.1%} above the optimum {best}"
