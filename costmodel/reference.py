@@ -1,7 +1,7 @@
 """The reference simulator: plain Python, written to be obviously right.
 
 It is the oracle for the compiled engine in :mod:`placetool.costmodel.kernels`; both must return
-bit-identical numbers. The rules (also in the README, "The simulator"):
+bit-identical numbers. The rules (also in docs/simulator.md):
 
 - Time advances from event to event (op finished, send task finished, link transfer
   finished, receive task finished). At each instant all events of that instant are

@@ -10,7 +10,7 @@ and layer in ``args``; transfer slices carry bytes, tensor and consumers; a flow
 runs from each transfer to each op that consumes it on the destination device. pid 0 and
 tid 0 are avoided: Perfetto treats them as the swapper/idle process.
 
-The memory track follows the simulator's rules (README, "The simulator"): parameters
+The memory track follows the simulator's rules (docs/simulator.md): parameters
 always; an op's outputs from its start until its last local consumer has finished and its
 transfers are done (its end if nothing needs them); a received copy from the start of its
 transfer until its last consumer there has finished. Its maximum is the result's peak.
