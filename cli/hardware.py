@@ -150,6 +150,7 @@ def naming_lost_workers(spec):
     import logging
     import threading
 
+    from placetool.costmodel.tf.runner import WorkerLost
     from placetool.costmodel.tf.testbed import TestbedError, port_open
 
     hook = threading.excepthook
@@ -165,6 +166,8 @@ def naming_lost_workers(spec):
     threading.excepthook = quiet_close
     try:
         yield
+    except WorkerLost:
+        raise  # found by the runner while the step ran: it names the worker already
     except Exception as e:
         lost = [f"/job:{spec.job}/task:{k} at {a}" for k, a in enumerate(spec.workers) if not port_open(a, 0.5)]
         if not lost:

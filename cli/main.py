@@ -249,9 +249,9 @@ def fail(message: str, code: int, as_json: bool, **extra) -> None:
         click.echo(json.dumps({"error": message, "exit_code": code, **extra}), err=True)
     else:
         click.echo(f"placetool: {'error: ' if code == EXIT_USAGE else ''}{message}", err=True)
-    if any(t.name == "SessionCloseThread" and t.is_alive() for t in threading.enumerate()):
-        # TF still closing a session whose worker died: that thread sits in C++, and
-        # interpreter shutdown would abort the process (SIGABRT) under it
+    if any(t.name in ("SessionCloseThread", "placetool-step") and t.is_alive() for t in threading.enumerate()):
+        # TF still closing a session, or running a step, whose worker died: that thread
+        # sits in C++, and interpreter shutdown would abort the process (SIGABRT) under it
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

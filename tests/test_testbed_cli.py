@@ -145,7 +145,10 @@ bandwidth_bytes_per_us = 1000.0
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_worker_killed_during_verify_is_named(tmp_path):
+@pytest.mark.parametrize("task", [0, 1])
+def test_worker_killed_during_verify_is_named_within_the_timeout(tmp_path, task):
+    """Task 0 is the session's master: gRPC alone left the client waiting 30-55 s after
+    its death; task 1's death failed the step at once but closing the session waited 20 s."""
     pytest.importorskip("tensorflow")
     import signal
     import time
@@ -153,11 +156,12 @@ def test_worker_killed_during_verify_is_named(tmp_path):
     from placetool.costmodel.tf.testbed import Testbed
 
     (tmp_path / "cpu2.toml").write_text(CPU2)
+    timeout = 20
     with Testbed.start(2, timeout_s=180) as tb:
         (tmp_path / "spec.json").write_text(json.dumps({"worker": tb.spec.workers}))
         p = subprocess.Popen([sys.executable, "-m", "placetool.cli.main", "verify", "-g", "mlp", "--batch", "16",
                               "-p", "round-robin", "-c", "cpu2.toml", "--cluster-spec", "spec.json",
-                              "--steps", "1000000", "--warmup", "1", "--timeout", "10"],
+                              "--steps", "1000000", "--warmup", "1", "--timeout", str(timeout)],
                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         err = ""
         for line in p.stderr:  # wait until it measures
@@ -165,11 +169,14 @@ def test_worker_killed_during_verify_is_named(tmp_path):
             if "measuring" in line:
                 break
         time.sleep(3)
-        os.kill(tb.pids[1], signal.SIGKILL)
+        os.kill(tb.pids[task], signal.SIGKILL)
+        killed = time.monotonic()
         out, rest = p.communicate(timeout=300)
+        waited = time.monotonic() - killed
         err += rest
     assert p.returncode == 2, err
+    assert waited < timeout + 5, (waited, err)
     assert "Traceback" not in err and "SessionCloseThread" not in err, err
     lines = err.strip().splitlines()
-    assert lines[-1].startswith("placetool: error: worker /job:worker/task:1 at localhost:"), err
+    assert lines[-1].startswith(f"placetool: error: worker /job:worker/task:{task} at localhost:"), err
     assert len([x for x in lines if not x.startswith(("WARNING", "I0000", "E0000", "W0000"))]) == 2, err

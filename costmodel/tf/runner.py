@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -29,11 +30,24 @@ from placetool.costmodel.errors import UserError
 from placetool.costmodel.graph import KIND_BITS
 
 from .session import import_tf, runnable_graph_def, session_config
-from .testbed import ClusterSpec, TestbedError
+from .testbed import ClusterSpec, TestbedError, port_open
 
 
 class RunError(UserError):
     """A placement cannot run, or the run failed / timed out; the message says where."""
+
+
+class WorkerLost(TestbedError):
+    """A worker stopped listening while a step ran; the message names it."""
+
+
+#: the thread a session call runs on while the caller watches the workers; one still
+#: alive at exit is stuck in TensorFlow's C++ (its worker is gone), and the CLI then
+#: leaves by ``os._exit`` rather than wait for it or tear the interpreter down under it
+STEP_THREAD = "placetool-step"
+#: seconds between liveness checks of the workers while a session call runs (the first
+#: check waits as long, so a normal step is never disturbed by probes)
+WATCH_S = 0.5
 
 
 @dataclass
@@ -163,12 +177,20 @@ class PlacedStep:
     ``with PlacedStep(traced, p, spec) as st: st.step()`` -> µs of one step. Several may be
     open at once on the same devices (each has its own variables), which is how
     :func:`measure_interleaved` alternates placements step by step.
+
+    Every session call runs on a thread of its own while this one checks that the
+    workers still listen (:meth:`run`): a worker that dies mid-step is a
+    :class:`WorkerLost` within a second or two, not after gRPC's deadlines (a killed
+    task 0 left the client waiting 30-55 s), and a call that outlives ``timeout_s`` is
+    given up on even if TensorFlow does not give up itself.
     """
 
     def __init__(self, traced, placement, spec: ClusterSpec, timeout_s: float = 120.0):
         self.traced, self.spec, self.timeout_s = traced, spec, timeout_s
         self.placement = check_placement(traced.graph, placement, spec)
         self.sess = None
+        self.abandoned = False  # a worker is gone or a call was given up on: closing is not waited for
+        self.failed = False  # a call failed: closing is waited for a little only
 
     def __enter__(self):
         tf = import_tf()
@@ -182,9 +204,9 @@ class PlacedStep:
                                              config=session_config(self.timeout_s, threads, isolate=True))
             try:
                 if init_targets:
-                    self.sess.run([g.get_operation_by_name(n) for n in init_targets], feed_dict=init_feeds)
+                    self.run([g.get_operation_by_name(n) for n in init_targets], feed_dict=init_feeds)
                 self.ops = [g.get_operation_by_name(n) for n in targets]
-                self.sess.run(self.ops)  # the first step pays for graph registration
+                self.run(self.ops)  # the first step pays for graph registration
             except BaseException:
                 self.close()
                 raise
@@ -193,19 +215,97 @@ class PlacedStep:
 
     def step(self) -> float:
         """Run one step; its wall time in µs."""
-        with _tf_errors(self.timeout_s):
+        sess, ops = self.sess, self.ops
+
+        def timed():
             s = time.perf_counter()
-            self.sess.run(self.ops)
+            sess.run(ops)
             return (time.perf_counter() - s) * 1e6
+
+        with _tf_errors(self.timeout_s):
+            return self.call(timed)
+
+    def run(self, fetches, **kw):
+        """``Session.run`` watched as :meth:`call` watches it."""
+        sess = self.sess
+        return self.call(lambda: sess.run(fetches, **kw))
+
+    def call(self, fn):
+        """``fn()`` (a session call) on a thread of its own, while this thread checks every
+        :data:`WATCH_S` that every worker still listens. A worker that does not, twice in a
+        row, is a :class:`WorkerLost`; a call still running ``timeout_s`` (+2 s for
+        TensorFlow's own error to come first) after it began is a :class:`RunError`. Either
+        way the call is left running (it is stuck in TensorFlow) and the session abandoned."""
+        if not self.spec.workers:  # this process's own devices: nothing to lose
+            return fn()
+        out: dict = {}
+        done = threading.Event()
+
+        def target():
+            try:
+                out["value"] = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                out["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=target, name=STEP_THREAD, daemon=True).start()
+        deadline = time.monotonic() + self.timeout_s + 2.0
+        silent = set()
+        try:
+            while not done.wait(WATCH_S):
+                now_silent = {k for k, a in enumerate(self.spec.workers) if not port_open(a, WATCH_S)}
+                lost = sorted(silent & now_silent)
+                if lost:
+                    self.abandoned = True
+                    raise WorkerLost(
+                        "worker " + ", ".join(f"/job:{self.spec.job}/task:{k} at {self.spec.workers[k]}"
+                                              for k in lost)
+                        + " stopped answering during the measurement (it no longer accepts connections)")
+                silent = now_silent
+                if time.monotonic() > deadline:
+                    self.abandoned = True
+                    raise RunError(f"a step did not finish within {self.timeout_s:g} s (--timeout)")
+        except (KeyboardInterrupt, SystemExit):
+            # Ctrl-C or SIGTERM: let the step end (as it would have in C++) before the
+            # session closes under it, unless it is stuck
+            if not done.wait(self.timeout_s):
+                self.abandoned = True
+            raise
+        if "error" in out:
+            if any_silent(self.spec):
+                self.abandoned = True  # e.g. task 1 gone: the step fails at once, closing would wait 20 s+
+            else:
+                self.failed = True
+            raise out["error"]
+        return out["value"]
 
     def close(self) -> None:
         if self.sess is not None:
-            self.sess.close()
-            self.sess = None
+            sess, self.sess = self.sess, None
+            if self.abandoned or self.failed:
+                # closing talks to workers that may be gone: TF would wait for them
+                t = threading.Thread(target=_close_quietly, args=(sess,), name="SessionCloseThread", daemon=True)
+                t.start()
+                t.join(0 if self.abandoned else 2.0)
+            else:
+                sess.close()
 
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def any_silent(spec: ClusterSpec) -> bool:
+    """Whether some worker of ``spec`` does not accept connections now."""
+    return any(not port_open(a, WATCH_S) for a in spec.workers)
+
+
+def _close_quietly(sess) -> None:
+    try:
+        sess.close()
+    except Exception:  # noqa: BLE001 - a session whose worker is gone fails to close; nothing to do
+        pass
 
 
 class _tf_errors:
@@ -248,7 +348,7 @@ def measure(traced, placement, spec: ClusterSpec, warmup: int = 2, steps: int = 
         m = Measurement(float(statistics.median(times)), times, setup_s=st.setup_s)
         if trace_steps > 0:
             with _tf_errors(timeout_s):
-                _trace(tf1, st.sess, st.ops, trace_steps, traced.graph, m)
+                _trace(tf1, st, trace_steps, traced.graph, m)
     return m
 
 
@@ -302,6 +402,12 @@ def measure_interleaved(traced, placements, spec: ClusterSpec, rounds: int = 3, 
                 times[j][r] = [opened[j].step() for _ in range(max(steps, 1))]
             if log:
                 log(f"  round {r + 1}/{rounds} done")
+    except BaseException:
+        lost = any(st.abandoned for st in opened) or any_silent(spec)
+        for st in opened:  # every session talks to a lost worker: none is waited for
+            st.abandoned = st.abandoned or lost
+            st.failed = True
+        raise
     finally:
         for st in opened:
             st.close()
@@ -313,12 +419,12 @@ def measure_interleaved(traced, placements, spec: ClusterSpec, rounds: int = 3, 
     return out
 
 
-def _trace(tf1, sess, ops, n, graph, m: Measurement) -> None:
+def _trace(tf1, st: PlacedStep, n, graph, m: Measurement) -> None:
     per_op: dict[str, list[float]] = {}
     for _ in range(n):
         opts = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
         md = tf1.RunMetadata()
-        sess.run(ops, options=opts, run_metadata=md)
+        st.run(st.ops, options=opts, run_metadata=md)
         this: dict[str, float] = {}
         starts, devs, transfers = {}, {}, []
         t_min = min((ns.all_start_micros for ds in md.step_stats.dev_stats for ns in ds.node_stats), default=0)
