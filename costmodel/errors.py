@@ -64,13 +64,14 @@ def atomic_write(path, data: bytes | str) -> None:
         f.write(data)
 
 
-def read_json(path, what: str, error=UserError):
-    """Parse a JSON file; a missing or malformed file raises ``error`` naming it."""
+def read_json(path, what: str, error=UserError, **json_kw):
+    """Parse a JSON file; a missing or malformed file raises ``error`` naming it.
+    ``json_kw``: passed to ``json.loads`` (e.g. number hooks)."""
     import json
 
     path = Path(path)
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(), **json_kw)
     except FileNotFoundError:
         raise error(f"{path}: no such {what} file") from None
     except IsADirectoryError:

@@ -134,6 +134,7 @@ class Placement:
         """Validate a parsed file; errors are one line naming ``source`` and the field."""
         if not isinstance(d, dict):
             raise PlacementError(f"{source}: expected a JSON object, got {type(d).__name__}")
+        _check_numbers(d, source)
         fmt = d.get("format", FORMAT)  # files written before the format field: still version 1
         if fmt != FORMAT:
             raise PlacementError(f"{source}: format: {fmt!r} is not a placetool placement ({FORMAT!r})")
@@ -160,7 +161,8 @@ class Placement:
     def load(cls, path) -> "Placement":
         """Read and validate a placement file (it is matched to a graph by :meth:`to_array`)."""
         path = Path(path)
-        return cls.from_dict(read_json(path, "placement", PlacementError), source=str(path))
+        d = read_json(path, "placement", PlacementError, parse_constant=_Bad, parse_float=_float, parse_int=_int)
+        return cls.from_dict(d, source=str(path))
 
     def save(self, path) -> None:
         """Write the file atomically (readers never see half a file)."""
@@ -176,6 +178,39 @@ class Placement:
             raise PlacementError(f"placement names device {bad!r}, which cluster {cluster.name!r} lacks")
         return Placement(self.graph, self.cluster, devices,
                          {op: tfn[dev] for op, dev in devices.items()}, self.step_time_us, dict(self.extra))
+
+
+class _Bad(str):
+    """A number of a placement file that no float64 or int64 holds (kept as its text, so
+    that the error can name its field)."""
+
+
+def _float(text: str):
+    x = float(text)
+    return x if math.isfinite(x) else _Bad(text)
+
+
+def _int(text: str):
+    # compared as text: Python refuses to convert integers of over 4,300 digits
+    if len(text.lstrip("-")) > 19:
+        return _Bad(text)
+    x = int(text)
+    return x if -2 ** 63 <= x < 2 ** 63 else _Bad(text)
+
+
+def _check_numbers(d, source: str, where: str = "") -> None:
+    """One rule for every number of a placement file, in whatever field: finite, and an
+    integer within int64. NaN, Infinity, 1e400 and 5,000-digit integers are refused
+    alike, naming the field."""
+    items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list) else ()
+    for k, v in items:
+        field_ = f"{where}[{k!r}]" if where else str(k)
+        if isinstance(v, _Bad) or (isinstance(v, float) and not math.isfinite(v)):
+            text = str(v) if len(str(v)) <= 24 else f"{str(v)[:12]}... ({len(str(v))} characters)"
+            raise PlacementError(f"{source}: {field_}: {text}: numbers in a placement file must be finite, "
+                                 "and integers within int64")
+        if isinstance(v, (dict, list)):
+            _check_numbers(v, source, field_)
 
 
 def _str_table(d, key, source, required, index_ok=False) -> dict:

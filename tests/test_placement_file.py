@@ -104,3 +104,25 @@ def test_legacy_file_without_format_still_loads(tmp_path, cm):
     f = tmp_path / "p.json"
     f.write_text(json.dumps({"devices": {op: "cpu:0" for op in cm.graph.names}}))
     assert (cm.load_placement(f) == 0).all()
+
+
+@pytest.mark.parametrize("text,shown", [
+    ("NaN", "NaN"), ("Infinity", "Infinity"), ("-Infinity", "-Infinity"), ("1e400", "1e400"),
+    ("1" + "0" * 5000, "100000000000... (5001 characters)"), ("9223372036854775808", "9223372036854775808"),
+])
+def test_one_rule_for_every_number_in_a_placement_file(tmp_path, cm, text, shown):
+    f = tmp_path / "p.json"
+    d = _doc(cm)
+    op = cm.graph.names[0]
+    rule = "numbers in a placement file must be finite, and integers within int64"
+    for field, doc in [("step_time_us", json.dumps({**d, "step_time_us": 0.5}).replace("0.5", text)),
+                       (f"devices[{op!r}]", json.dumps({**d, "tf_devices": {}, "devices": {**d["devices"], op: 7}})
+                        .replace(": 7", ": " + text)),
+                       ("meta['seed']", json.dumps({**d, "meta": {"seed": 7}}).replace(": 7", ": " + text))]:
+        f.write_text(doc)
+        with pytest.raises(PlacementError) as e:
+            cm.load_placement(f)
+        assert str(e.value) == f"{f}: {field}: {shown}: {rule}"
+    # the largest int64 and ordinary numbers are fine
+    f.write_text(json.dumps({**d, "step_time_us": 1e300, "meta": {"seed": 2 ** 63 - 1}}))
+    assert Placement.load(f).step_time_us == 1e300
