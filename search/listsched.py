@@ -111,16 +111,46 @@ def _gap(ls, le, cnt, t0, dur):
 @njit(cache=True)
 def _link_timelines(nt, n_inputs, D, queued):
     """Empty transfer bookkeeping: arrival time per (tensor, device), -1 until booked,
-    and one timeline (starts, ends, count) per directed link. A link never holds more
-    transfers than the graph has consumed tensors (times devices, for a broadcast)."""
+    and one timeline per directed link l (starts, ends) in a pool shared by all links:
+    ``link[l]`` = (count, offset, room), and ``link[D * D, 1]`` the pool's first free
+    slot (see :func:`_link_book`).
+
+    All links together never hold more transfers than the graph has consumed tensors, and
+    a timeline that fills moves to the pool's end with twice the room, so a pool of four
+    times that many slots holds every timeline with its abandoned copies: the memory
+    grows with the transfers booked, not with links x transfers."""
     arrive = np.full(max(nt * D, 1), -1.0)
-    link_len = min(n_inputs, nt * D) + 1 if queued else 1
-    return arrive, np.zeros((D * D, link_len)), np.zeros((D * D, link_len)), np.zeros(D * D, np.int64)
+    if not queued:
+        return arrive, np.zeros(1), np.zeros(1), np.zeros((1, 3), np.int64)
+    pool = 4 * n_inputs + 1
+    return arrive, np.zeros(pool), np.zeros(pool), np.zeros((D * D + 1, 3), np.int64)
+
+
+@njit(cache=True)
+def _link_book(link_s, link_e, link, l, pos, s, e):
+    """Insert the transfer (s, e) at position ``pos`` of link l's timeline, moving the
+    timeline to the pool's end with twice the room when it is full."""
+    cnt, off, room = link[l, 0], link[l, 1], link[l, 2]
+    if cnt == room:
+        top = link[link.shape[0] - 1, 1]
+        room = max(2 * room, 1)
+        for i in range(cnt):
+            link_s[top + i] = link_s[off + i]
+            link_e[top + i] = link_e[off + i]
+        off = top
+        link[l, 1], link[l, 2] = off, room
+        link[link.shape[0] - 1, 1] = top + room
+    for i in range(off + cnt, off + pos, -1):
+        link_s[i] = link_s[i - 1]
+        link_e[i] = link_e[i - 1]
+    link_s[off + pos] = s
+    link_e[off + pos] = e
+    link[l, 0] = cnt + 1
 
 
 @njit(cache=True)
 def _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, place, finish,
-                    lat, bw, xc, arrive, link_s, link_e, link_cnt, avail, commit, insert):
+                    lat, bw, xc, arrive, link_s, link_e, link, avail, commit, insert):
     """When op's inputs are on device d under the simulator's rules: a tensor goes to a
     device once, a transfer leaves when its producer ends and holds its directed link
     one at a time, a send first costs the sender ``xc[0] + xc[1] * bytes`` µs and a
@@ -136,8 +166,11 @@ def _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr
     D = lat.shape[0]
     r = 0.0
     rc = 0.0
-    # new transfers of this op on one link go one after another, in input order
-    last = np.empty(0)
+    # new transfers of this op on one link go one after another, in input order: the end
+    # of the last one per source device (d is fixed here), for the few sources seen
+    last_a = np.empty(0, np.int64)
+    last_f = np.empty(0)
+    n_last = 0
     for k in range(cpred_ptr[op], cpred_ptr[op + 1]):
         f = finish[cpred_src[k]]
         if f > r:
@@ -156,25 +189,29 @@ def _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr
             send = xc[0, a] + xc[1, a] * b
             dur = lat[a, d] + b / bw[a, d]
             t0 = finish[p] + send
-            if last.shape[0] == 0:
-                last = np.full(D * D, -1.0)
-            if last[l] > t0:
-                t0 = last[l]
+            if last_a.shape[0] == 0:
+                last_a = np.empty(in_ptr[op + 1] - in_ptr[op], np.int64)
+                last_f = np.empty(in_ptr[op + 1] - in_ptr[op])
+            j = 0
+            while j < n_last and last_a[j] != a:
+                j += 1
+            if j == n_last:
+                last_a[j] = a
+                last_f[j] = -1.0
+                n_last += 1
+            if last_f[j] > t0:
+                t0 = last_f[j]
+            cnt, off = link[l, 0], link[l, 1]
             if insert:
-                s, pos = _gap(link_s[l], link_e[l], link_cnt[l], t0, dur)
+                s, pos = _gap(link_s[off:off + cnt], link_e[off:off + cnt], cnt, t0, dur)
             else:
-                pos = link_cnt[l]
-                s = max(t0, link_e[l, pos - 1]) if pos > 0 else t0
-            last[l] = s + dur
+                pos = cnt
+                s = max(t0, link_e[off + pos - 1]) if pos > 0 else t0
+            last_f[j] = s + dur
             f = s + dur
             rc += xc[2, d] + xc[3, d] * b
             if commit:
-                for i in range(link_cnt[l], pos, -1):
-                    link_s[l, i] = link_s[l, i - 1]
-                    link_e[l, i] = link_e[l, i - 1]
-                link_s[l, pos] = s
-                link_e[l, pos] = f
-                link_cnt[l] += 1
+                _link_book(link_s, link_e, link, l, pos, s, f)
                 arrive[t * D + d] = f
                 if send > 0.0 and avail[a] < finish[p] + send:
                     avail[a] = finish[p] + send
@@ -211,6 +248,21 @@ def _candidates(op, g, T, gdev, gmem, used, cap, preferred, out):
                 best, bd = over, d
     out[bd] = True
     return 1
+
+
+@njit(cache=True)
+def _may_go(op, d, g, T, gdev, gmem, used, cap, preferred, cand):
+    """Whether :func:`_candidates` would let op go to device d, in O(1) unless no device
+    has room for its group (then ``cand`` is filled): m-ETF asks this of every queue
+    head at every step, and filling all D candidates each time cost O(D^2) a step."""
+    if gdev[g] >= 0:
+        return d == gdev[g]
+    if preferred >= 0 and np.isfinite(T[op, preferred]) and used[preferred] + gmem[g] <= cap[preferred]:
+        return d == preferred
+    if np.isfinite(T[op, d]) and used[d] + gmem[g] <= cap[d]:
+        return True
+    _candidates(op, g, T, gdev, gmem, used, cap, preferred, cand)
+    return cand[d]
 
 
 @njit(cache=True)
@@ -284,7 +336,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
         if indeg[v] == 0:
             size = heap_push(k1, k2, ids, size, -prio[v], rank[v], v)
     cand = np.zeros(D, np.bool_)
-    arrive, link_s, link_e, link_cnt = _link_timelines(tensor_bytes.shape[0], in_tensor.shape[0], D, queued)
+    arrive, link_s, link_e, link = _link_timelines(tensor_bytes.shape[0], in_tensor.shape[0], D, queued)
     fallbacks = 0
     while size > 0:
         op, size = _hpop(k1, k2, ids, size)
@@ -297,7 +349,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
             if queued:
                 ready, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr,
                                             cpred_src, place, finish, lat, bw, xc, arrive, link_s, link_e,
-                                            link_cnt, avail, False, insertion)
+                                            link, avail, False, insertion)
             else:
                 ready = _data_ready(op, d, pred_ptr, pred_src, pred_bytes, pred_ctrl, place, finish, lat, bw)
                 rc = 0.0
@@ -327,7 +379,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
         d = bd
         if queued:
             _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, place,
-                            finish, lat, bw, xc, arrive, link_s, link_e, link_cnt, avail, True, insertion)
+                            finish, lat, bw, xc, arrive, link_s, link_e, link, avail, True, insertion)
         place[op] = d
         start[op] = bs
         finish[op] = bf
@@ -353,7 +405,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
 
 @njit(cache=True)
 def _send_ahead(op, d, f, op_tensor_ptr, tensor_ptr, tensor_cons, group, fixed, tensor_bytes, lat, bw, xc,
-                arrive, link_e, link_cnt, avail):
+                arrive, link_s, link_e, link, avail):
     """Book op's outputs, ending at ``f``, to the devices fixed beforehand for their
     consumers' groups, when op ends, as the simulator sends them (first queued first
     served): the scheduler need not wait for those consumers to be scheduled."""
@@ -366,11 +418,10 @@ def _send_ahead(op, d, f, op_tensor_ptr, tensor_ptr, tensor_cons, group, fixed, 
             b = tensor_bytes[t]
             l = d * D + dc
             send = xc[0, d] + xc[1, d] * b
-            pos = link_cnt[l]
-            s = max(f + send, link_e[l, pos - 1]) if pos > 0 else f + send
-            link_e[l, pos] = s + lat[d, dc] + b / bw[d, dc]
-            link_cnt[l] = pos + 1
-            arrive[t * D + dc] = link_e[l, pos]
+            pos, off = link[l, 0], link[l, 1]
+            s = max(f + send, link_e[off + pos - 1]) if pos > 0 else f + send
+            _link_book(link_s, link_e, link, l, pos, s, s + lat[d, dc] + b / bw[d, dc])
+            arrive[t * D + dc] = s + lat[d, dc] + b / bw[d, dc]
             if send > 0.0 and avail[d] < f + send:
                 avail[d] = f + send
 
@@ -453,7 +504,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
     dr = np.zeros((n, D))  # data-ready time per device, fixed once an op is ready
     cand = np.zeros(D, np.bool_)
     fb_of = np.zeros(n, np.int64)
-    arrive, link_s, link_e, link_cnt = _link_timelines(tensor_bytes.shape[0], in_tensor.shape[0], D, queued)
+    arrive, link_s, link_e, link = _link_timelines(tensor_bytes.shape[0], in_tensor.shape[0], D, queued)
     for v in range(n):
         if indeg[v] == 0:
             fb_of[v] = _etf_queue_all(v, tie, T, gdev, gmem, used, cap, pref[v], dr, avail, group, cand, inq,
@@ -473,8 +524,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                     if place[op] >= 0:
                         _, rsize[d] = _hpop(rk[d], rt[d], rid[d], rsize[d])
                         continue
-                    _candidates(op, group[op], T, gdev, gmem, used, cap, pref[op], cand)
-                    if not cand[d]:
+                    if not _may_go(op, d, group[op], T, gdev, gmem, used, cap, pref[op], cand):
                         drop = 0
                 if drop < 0 and psize[d] > 0:
                     op = pid[d, 0]
@@ -485,8 +535,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                         _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
                         rsize[d] = heap_push(rk[d], rt[d], rid[d], rsize[d], dr[op, d] if fifo else 0.0, tie[op], op)
                         continue
-                    _candidates(op, group[op], T, gdev, gmem, used, cap, pref[op], cand)
-                    if not cand[d]:
+                    if not _may_go(op, d, group[op], T, gdev, gmem, used, cap, pref[op], cand):
                         drop = 1
                 if drop < 0:
                     break
@@ -516,7 +565,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
         rc = 0.0
         if queued:
             r, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
-                                    place, finish, lat, bw, xc, arrive, link_s, link_e, link_cnt, avail,
+                                    place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail,
                                     False, False)
             if max(r, avail[d]) > bs:  # its links filled up meanwhile: queue it at its new time
                 if rsize[d] > 0:
@@ -527,7 +576,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                 _etf_enqueue(op, d, tie, dr, avail, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
                 continue
             r, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
-                                    place, finish, lat, bw, xc, arrive, link_s, link_e, link_cnt, avail,
+                                    place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail,
                                     True, False)
             # a send booked just now may hold the device
             bs = max(bs, r, avail[d])
@@ -543,7 +592,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
             used[d] += gmem[g]
         if queued:
             _send_ahead(op, d, finish[op], op_tensor_ptr, tensor_ptr, tensor_cons, group, fixed, tensor_bytes, lat,
-                        bw, xc, arrive, link_e, link_cnt, avail)
+                        bw, xc, arrive, link_s, link_e, link, avail)
         for k in range(succ_ptr[op], succ_ptr[op + 1]):
             w = succ_dst[k]
             indeg[w] -= 1
@@ -552,7 +601,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                     if queued:
                         dr[w, e], _ = _transfer_ready(w, e, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr,
                                                       cpred_src, place, finish, lat, bw, xc, arrive, link_s,
-                                                      link_e, link_cnt, avail, False, False)
+                                                      link_e, link, avail, False, False)
                     else:
                         dr[w, e] = _data_ready(w, e, pred_ptr, pred_src, pred_bytes, pred_ctrl,
                                                place, finish, lat, bw)
