@@ -401,7 +401,7 @@ def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster
     from placetool.costmodel import CostModel, presets
     from placetool.costmodel.calibration import load_profile
 
-    from .simulate import parse_placement
+    from .simulate import check_placement_spec, parse_placement
 
     prof = load_profile(profile) if profile else None
     if cluster:
@@ -412,6 +412,7 @@ def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster
         raise UserError("verify needs --profile (from placetool calibrate) or --cluster for its prediction")
     spec0 = planned_spec(testbed_n, testbed_device, cluster_spec, local)
     check_cluster_matches(cl, spec0)
+    check_placement_spec(placement, cl)  # before TensorFlow loads and the model is traced (seconds)
     from placetool.costmodel.tf.runner import check_placement, measure
 
     t = trace_source(source, zoo_args, mode=mode, batch=batch, optimizer=optimizer)

@@ -23,7 +23,8 @@ from .common import check_writable, emit_json, json_option
               help="Keras optimizer name for the training step (sgd, adam, rmsprop, ...).")
 @click.option("--name", default=None, help="Graph name (default: from SOURCE).")
 @json_option
-def import_cmd(source, out, mode, batch, optimizer, name, as_json):
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors (as show does).")
+def import_cmd(source, out, mode, batch, optimizer, name, as_json, quiet):
     """Import SOURCE into a graph file.
 
     SOURCE is a zoo name (python -m placetool.costmodel.tf.zoo --help), module:function returning a
@@ -47,7 +48,7 @@ def import_cmd(source, out, mode, batch, optimizer, name, as_json):
     s.update(out=str(out), seconds=round(secs, 3), mode=mode)
     if as_json:
         emit_json(s)
-    else:
+    elif not quiet:
         click.echo(f"{source}: {s['ops']} ops, {s['edges']} edges, {s['groups']} groups, "
                    f"{s['pinned_ops']} pinned, {s['total_flops'] / 1e9:.3f} GFLOP, "
                    f"{s['param_bytes'] / 2**20:.1f} MiB params -> {out} ({secs:.1f} s)")

@@ -64,8 +64,11 @@ def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps,
     from pathlib import Path
 
     from placetool.costmodel import CostModel, presets
+    from placetool.rl.policies import POLICIES  # no TensorFlow yet
     from placetool.search.base import Problem
 
+    if policy not in POLICIES:  # before the graphs load and TensorFlow starts (7-9 s)
+        raise UserError(f"rl pretrain: --policy {policy!r}: unknown policy (known: {', '.join(POLICIES)})")
     check_writable(out, "--out", folder=True)
     if not force and any((Path(out) / f).exists() for f in ("policy.json", "weights.npz")):
         # a pre-trained policy may have taken hours: replacing it is asked for, not assumed

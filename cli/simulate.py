@@ -40,6 +40,32 @@ def parse_placement(spec: str, cm) -> np.ndarray:
     )
 
 
+def check_placement_spec(spec: str, cluster) -> list[int] | None:
+    """Check SPEC (as :func:`parse_placement` takes it) against the cluster alone, before a
+    model is traced or a graph loaded: a malformed spec or file, or a device the cluster
+    lacks, is a one-line error now. Returns the indices of the devices it names (None for
+    ``round-robin`` and ``random``, which depend on the graph)."""
+    if spec.startswith("single:"):
+        return [cluster.device_index(spec.split(":", 1)[1])]
+    if spec == "round-robin" or re.fullmatch(r"random(?::(\d+))?", spec):
+        return None
+    if spec.endswith(".json") or "/" in spec or Path(spec).is_file():
+        from placetool.costmodel.placement import Placement, PlacementError
+
+        pl = Placement.load(spec)
+        used = set()
+        for op, dev in pl.devices.items():
+            try:
+                used.add(cluster.device_index(dev))
+            except UserError:
+                raise PlacementError(f"{spec}: devices[{op!r}]: unknown device {dev!r} "
+                                     f"(cluster {cluster.name!r} has {', '.join(cluster.names)})") from None
+        return sorted(used)
+    raise UserError(
+        f"placement {spec!r}: expected a JSON file, 'single:DEVICE', 'round-robin' or 'random[:SEED]'"
+    )
+
+
 def _assign_groups(cm, choose) -> np.ndarray:
     out = np.empty(cm.graph.n_groups, np.int32)
     for k in range(cm.graph.n_groups):

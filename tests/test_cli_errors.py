@@ -47,6 +47,38 @@ def test_rl_pretrain_arguments(tmp_path, capsys, args, words):
     assert not (tmp_path / "pol").exists()
 
 
+def _without_tf(*args):
+    """The CLI in a fresh process: (exit status, stderr lines, the last saying whether
+    TensorFlow was imported)."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: print('TF=' + str('tensorflow' in sys.modules), file=sys.stderr))\n"
+            "from placetool.cli.main import main\nmain(sys.argv[1:])\n")
+    r = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=120)
+    return r.returncode, r.stderr.strip().splitlines()
+
+
+def test_rl_pretrain_unknown_policy_is_refused_before_tensorflow_loads(tmp_path):
+    code, err = _without_tf("rl", "pretrain", "-g", "synthetic-40", "-c", "k80x2", "-o", tmp_path / "pol",
+                            "--policy", "foo")
+    assert code == 2 and err == [
+        "placetool: error: rl pretrain: --policy 'foo': unknown policy (known: seq2seq, hierarchical, gdp)",
+        "TF=False"], err
+    assert not (tmp_path / "pol").exists()
+
+
+@pytest.mark.parametrize("placement,words", [("rr", "placement 'rr': expected a JSON file"),
+                                             ("single:d9", "unknown device 'd9'")])
+def test_verify_malformed_placement_is_refused_before_tensorflow_loads(tmp_path, placement, words):
+    from .helpers import cluster
+
+    cluster(2, kinds=["cpu", "cpu"]).save(tmp_path / "c.toml")
+    code, err = _without_tf("verify", "-g", "mlp", "-c", tmp_path / "c.toml", "-p", placement, "--testbed", "2")
+    assert code == 2 and len(err) == 2 and words in err[0] and err[1] == "TF=False", err
+
+
 def test_rl_pretrain_keeps_a_saved_policy(tmp_path, capsys):
     pol = tmp_path / "pol"
     pol.mkdir()
@@ -256,6 +288,13 @@ def test_import_of_an_empty_graph_is_refused(tmp_path, capsys):
     empty.write_bytes(b"")  # a valid, empty GraphDef
     user_error(["import", empty, "-o", tmp_path / "g.npz"], capsys, "empty.pb", "no ops")
     assert not (tmp_path / "g.npz").exists()
+
+
+@pytest.mark.slow
+def test_import_quiet_prints_nothing(tmp_path, capsys):
+    pytest.importorskip("tensorflow")
+    code, out, err = call(["import", "mlp", "--batch", "16", "-o", tmp_path / "g.npz", "-q"], capsys)
+    assert (code, out, err) == (0, "", "") and (tmp_path / "g.npz").is_file()
 
 
 @pytest.mark.slow

@@ -30,6 +30,76 @@ def test_export_refuses_bad_options_before_tracing(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def _cli_without_tf(*args, cwd=None):
+    """The CLI in a fresh process; its stderr ends with whether TensorFlow was imported."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: print('TF=' + str('tensorflow' in sys.modules), file=sys.stderr))\n"
+            "from placetool.cli.main import main\nmain(sys.argv[1:])\n")
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+
+
+def _refused_before_tf(r, *words):
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and lines[-1] == "TF=False" and len(lines) == 2, r.stderr
+    for w in words:
+        assert str(w) in lines[0], (w, lines[0])
+
+
+def test_export_into_a_folder_that_is_not_empty_needs_force(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("my notes")
+    (out / "graph.pb").write_bytes(b"my graph")
+    r = _cli_without_tf("export", "-g", "mlp", "-p", "round-robin", "-c", "k80x2", "-o", out)
+    _refused_before_tf(r, f"--out {out} is not empty", "--force")
+    assert (out / "graph.pb").read_bytes() == b"my graph" and sorted(p.name for p in out.iterdir()) == [
+        "graph.pb", "notes.txt"]
+
+
+def test_export_refuses_malformed_placements_and_a_second_cpu_of_one_process_before_tracing(tmp_path):
+    cl = make_cluster(2, kinds=["cpu", "cpu"], name="two-cpus")
+    cl.save(tmp_path / "c.toml")
+    c = tmp_path / "c.toml"
+    base = ("export", "-g", "mlp", "-c", c, "-o", tmp_path / "o")
+    _refused_before_tf(_cli_without_tf(*base, "-p", "roundrobin"), "placement 'roundrobin': expected a JSON file")
+    _refused_before_tf(_cli_without_tf(*base, "-p", "single:gpu:7"), "unknown device 'gpu:7'")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"devices": {"dense/MatMul": "d0"}, "step_time_us": Infinity}')
+    _refused_before_tf(_cli_without_tf(*base, "-p", bad), f"{bad}: step_time_us: Infinity")
+    bad.write_text('{"devices": {"dense/MatMul": "d9"}}')
+    _refused_before_tf(_cli_without_tf(*base, "-p", bad), f"{bad}: devices['dense/MatMul']: unknown device 'd9'")
+    # no cluster spec and no recorded TF devices: one process has no /device:CPU:1
+    _refused_before_tf(_cli_without_tf(*base, "-p", "single:d1"), "device 'd1' would be /device:CPU:1",
+                       "--testbed N or --cluster-spec FILE")
+    # a graph file is no model to trace
+    npz = tmp_path / "g.npz"
+    _refused_before_tf(_cli_without_tf("export", "-g", npz, "-c", c, "-p", "single:d0", "-o", tmp_path / "o"),
+                       f"--graph {npz}: a placetool graph file, not a model")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow  # traces the model (TensorFlow)
+def test_export_round_robin_on_two_cpus_of_one_process_is_refused(tmp_path):
+    cl = make_cluster(2, kinds=["cpu", "cpu"], name="two-cpus")
+    cl.save(tmp_path / "c.toml")
+    r = _invoke("export", "-g", "mlp", "--batch", "16", "-c", str(tmp_path / "c.toml"), "-p", "round-robin",
+                "-o", str(tmp_path / "o"), "-q")
+    assert isinstance(r.exception, UserError) and "device 'd1' would be /device:CPU:1" in str(r.exception)
+    assert not (tmp_path / "o").exists()
+    # on CPU:0 alone it is written, and --force writes into a folder holding other files
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "notes.txt").write_text("mine")
+    r = _invoke("export", "-g", "mlp", "--batch", "16", "-c", str(tmp_path / "c.toml"), "-p", "single:d0",
+                "-o", str(tmp_path / "o"), "-q", "--force")
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["export.json", "graph.pb", "notes.txt",
+                                                                  "placement.json"]
+
+
 @pytest.fixture(scope="module")
 def testbed():
     from placetool.costmodel.tf.testbed import Testbed
