@@ -82,7 +82,8 @@ def main(argv=None) -> int:
             log(f"{s}: placetool search -m sa --budget-seconds {a.search_seconds:g} --verify-top 3 ...")
             r = placetool("search", "-g", gpath, "-c", ctoml, "--profile", prof, "-m", "sa", "--budget-seconds",
                           str(a.search_seconds), "--seed", str(a.seed), "--verify-top", "3", "--cluster-spec",
-                          spec_file, "--out", rec, "--json", "--no-progress", cwd=work)
+                          spec_file, "--out", rec, "--json", "--no-progress",
+                          "--trust-graph-source", cwd=work)  # this script wrote the graph file itself
             found = json.loads(r.stdout)
             v = found["verified"]
             cm = CostModel(t.graph, cl, profile=profile)

@@ -292,7 +292,7 @@ def test_saved_model_infer(models_dir, tmp_path, monkeypatch, tf):
     assert r.returncode == 0, r.stderr
     code = ("import sys; from placetool.costmodel.graph import load\n"
             "from placetool.costmodel.tf.importer import retrace\n"
-            "g = load(sys.argv[1]); print(retrace(g).graph.names == g.names)\n")
+            "g = load(sys.argv[1]); print(retrace(g, trust=True).graph.names == g.names)\n")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "sm.npz")], capture_output=True, text=True,
                        timeout=240, cwd=tmp_path)
     assert r.stdout.strip() == "True", r.stderr[-2000:]
@@ -479,8 +479,18 @@ def test_graph_files_record_their_source_and_trace_again(tmp_path, monkeypatch, 
     pb = tmp_path / "step.pb"
     pb.write_bytes(trace("mlp", batch=4, mode="infer").graph_def.SerializeToString())
     monkeypatch.chdir(tmp_path)
-    src = trace_source(trace("step.pb").graph)
+    pg = trace("step.pb").graph
+    src = trace_source(pg)
     assert src["kind"] == "graph_def" and src["source"] == str(pb.resolve()) and src["mode"] == "as-is"
+    # a file the graph names is loaded again only when the user says so
+    from placetool.costmodel.tf.importer import ModelImportError
+
+    with pytest.raises(ModelImportError, match="does not run or load a model a graph file names"):
+        retrace(pg)
+    said = []
+    assert retrace(pg, trust=True, say=said.append).graph.names == pg.names
+    assert said == [f"loading GraphDef {pb.resolve()} (recorded in graph 'step', --trust-graph-source)"]
+    assert retrace(pg, model="step.pb").graph.names == pg.names
     # a Keras object handed to trace() has no source to trace again
     from placetool.costmodel.tf.zoo import build_mlp
 
