@@ -547,6 +547,11 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                 if inq[op] == 0:
                     fb_of[op] = _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref[op], dr, avail,
                                                group, cand, inq, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
+        # pick only once every device's heads are clean: a re-queue above may push onto a
+        # device already looked at, and the pair picked must still be its queue's head
+        # when it is taken off below (entries just queued are clean: their candidates
+        # were just read and their data-ready time decided their heap)
+        for d in range(D):
             if rsize[d] > 0:
                 s, t, op = avail[d], rt[d, 0], rid[d, 0]
             elif psize[d] > 0:
@@ -555,9 +560,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                 continue
             if s < bs or (s == bs and t < bt):
                 bs, bt, bd, bop = s, t, d, op
-        if bop < 0:
-            # every head was stale and got re-queued on a device already visited in
-            # this pass: look again (all queues empty would mean a lost op: stop)
+        if bop < 0:  # all queues empty would mean a lost op: stop
             if rsize.sum() + psize.sum() == 0:
                 break
             continue
