@@ -43,7 +43,7 @@ from numba import njit
 
 from placetool.costmodel.kernels import heap_pop, heap_push
 
-from .base import Positive, SearchError, register
+from .base import BudgetExhausted, Positive, SearchError, register
 from .partition import accelerators, fallback_device, gpu_group_time, group_memory_bytes, score
 
 
@@ -741,28 +741,143 @@ def _variants(problem) -> list[bool]:
     return [False, True] if len(accelerators(problem)) < problem.n_devices else [False]
 
 
+#: rounds a list scheduler runs against the simulator's memory account before its
+#: placement is repaired instead (see :func:`_memory_rounds`)
+MEMORY_ROUNDS = 8
+#: how far below its capacity a retargeted device aims, as a share of the capacity
+MEMORY_MARGIN = 0.05
+
+
+def _retarget(acct, cap, charged, peak, margin: float = MEMORY_MARGIN) -> np.ndarray:
+    """The capacities the group-memory estimate is held to in the next round.
+
+    The estimate charges a group its parameters and every output of its ops, as if all
+    lived at once; the simulator frees outputs once consumed but also holds the copies a
+    device receives. How the two compare depends on the device's part of the schedule,
+    so the last round's ``charged / peak`` converts a capacity into the estimate's units.
+    A device over capacity gets its converted capacity (less ``margin``) where that is
+    lower than now; a device with room where it is higher, so it can take what the
+    others shed."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        target = np.where((charged > 0) & (peak > 0), charged * cap / peak * (1.0 - margin), acct)
+    return np.where(peak > cap, np.minimum(acct, target), np.maximum(acct, target))
+
+
+def _memory_rounds(problem, tracker, attempt, rounds: int = MEMORY_ROUNDS) -> list:
+    """Run ``attempt(capacities) -> (group assignment, payload)`` and score its placement
+    until the simulator says it fits, retargeting the capacities the estimate is held to
+    after each round that does not (:func:`_retarget`), at most ``rounds`` times.
+
+    The first round is scored even past a seconds budget (a one-shot method always
+    answers), later ones only within it. Returns [(assignment, payload, EvalResult)]."""
+    cap = problem.cost_model.capacity.astype(np.float64)
+    gmem = group_memory_bytes(problem).astype(np.float64)
+    acct = cap.copy()
+    out = []
+    for k in range(max(int(rounds), 1)):
+        if tracker.remaining_evals() <= 0 or (k and tracker.done()):
+            break
+        gdev, payload = attempt(acct.copy())
+        a = np.asarray(gdev, np.int32)
+        r = score(tracker, a)
+        out.append((a, payload, r))
+        if r.feasible[0]:
+            break
+        charged = np.bincount(a, weights=gmem, minlength=problem.n_devices)
+        acct = _retarget(acct, cap, charged, r.peak_memory_bytes[0].astype(np.float64))
+    return out
+
+
+def _best(runs):
+    """Index of the run the tracker ranks first: feasible, then fastest."""
+    key = [(not r.feasible[0], float(r.step_time_us[0])) for _, _, r in runs]
+    return min(range(len(runs)), key=key.__getitem__)
+
+
+#: how many of the rounds that do not fit, fastest first, are repaired by the simulator's account
+FIT_TRIES = 3
+
+
+def _fit_memory(problem, tracker, runs, tries: int = FIT_TRIES):
+    """:func:`placetool.search.memory.fit_memory` from the runs out of memory that are
+    faster than every one that fits, fastest first, at most ``tries`` of them within
+    the budget: a fast schedule a little over capacity often fits after moving a few
+    groups, faster than the rounds' best. Returns the fastest (assignment, EvalResult)
+    that fits, or None."""
+    from .memory import fit_memory
+
+    ref = min((float(r.step_time_us[0]) for _, _, r in runs if r.feasible[0]), default=np.inf)
+    order = sorted((float(r.step_time_us[0]), i) for i, (_, _, r) in enumerate(runs)
+                   if not r.feasible[0] and float(r.step_time_us[0]) < ref)
+    best, seen = None, set()
+    for _, i in order:
+        a0 = runs[i][0]
+        if len(seen) >= tries or tracker.done():
+            break
+        if a0.tobytes() in seen:
+            continue
+        seen.add(a0.tobytes())
+        a, r = fit_memory(problem, a0, tracker)
+        if r is not None and r.feasible[0] and (best is None or r.step_time_us[0] < best[1].step_time_us[0]):
+            best = (a, r)
+    return best
+
+
+def _planned(problem, a, links: str) -> float:
+    """The makespan of assignment ``a`` on the m-ETF timeline (the plan of a placement
+    no schedule of this run produced: m-TOPO's, or a repaired one)."""
+    data = _Data(problem, links=links)
+    _, (_, _, finish, _) = data.etf(data.rank_u(), gdev=np.asarray(a, np.int64))
+    return float(finish.max()) if len(finish) else 0.0
+
+
 def _schedule_variants(problem, tracker, schedule, links: str = "queued") -> dict:
-    """Run ``schedule(data) -> (gdev, out, extra)`` per device set, score all the
-    assignments in one batch, and describe the one the tracker found best: the makespan
-    its schedule planned (``planned_us``) beside the simulator's (``simulated_us``)."""
-    runs = []
+    """Run ``schedule(data) -> (gdev, out, extra)`` per device set, each until its
+    placement fits in memory by the simulator (:func:`_memory_rounds`), and describe
+    the run the tracker found best: the makespan its schedule planned (``planned_us``)
+    beside the simulator's (``simulated_us``).
+
+    Memory-constrained by the simulator's account, not the estimate's: where no round
+    fits, the placement least over capacity is repaired (:func:`_fit_memory`), and
+    failing that m-TOPO's is taken (:func:`_topo_fitted`), so the result fits whenever
+    m-TOPO's does (budget permitting). ``memory_fit`` says which it was."""
+    runs = []  # (assignment, (gpu_only, out, extra), EvalResult)
     for gpu_only in _variants(problem):
-        gdev, out, extra = schedule(_Data(problem, gpu_only, links))
-        runs.append((gpu_only, np.asarray(gdev, np.int32), out, extra))
-    r = score(tracker, np.stack([x[1] for x in runs]))
-    key = [(not f, s) for f, s in zip(r.feasible, r.step_time_us)]
-    best = min(range(len(key)), key=key.__getitem__)
-    gpu_only, _, (place, start, finish, fallbacks), extra = runs[best]
-    planned = float(finish.max()) if len(finish) else 0.0
-    meta = {"devices": "gpus" if gpu_only else "all", "links": links,
-            "planned_us": planned, "simulated_us": float(r.step_time_us[best]),
+        data = _Data(problem, gpu_only, links)
+        data.deadline = tracker.deadline()
+
+        def attempt(cap, data=data, gpu_only=gpu_only):
+            data.cap = cap
+            gdev, out, extra = schedule(data)
+            return gdev, (gpu_only, out, extra)
+
+        runs += _memory_rounds(problem, tracker, attempt)
+    if not runs:  # no evaluation left at all
+        raise BudgetExhausted
+    i = _best(runs)
+    a, (gpu_only, (place, start, finish, fallbacks), extra), r = runs[i]
+    meta = {"devices": "gpus" if gpu_only else "all", "links": links, "memory": "constrained",
+            "memory_rounds": len(runs), "memory_fit": "schedule" if r.feasible[0] else "none",
+            "planned_us": float(finish.max()) if len(finish) else 0.0, "simulated_us": float(r.step_time_us[0]),
             "memory_fallbacks": int(fallbacks)}
     meta.update(extra or {})
+    fitted = _fit_memory(problem, tracker, runs)
+    if fitted is not None:  # faster than any round that fits, or the only one
+        a, r = fitted
+        meta["memory_fit"] = "fit_memory"
+    elif not r.feasible[0]:
+        topo = _topo_fitted(problem, tracker)
+        if topo is not None and topo[2].feasible[0]:
+            a, fit, r = topo[0], topo[1], topo[2]
+            meta.update(memory_fit=f"m-topo ({fit})", devices="all", memory_fallbacks=topo[3])
+    if meta["memory_fit"] not in ("schedule", "none"):  # the plan of the placement returned
+        meta.update(planned_us=_planned(problem, a, links), simulated_us=float(r.step_time_us[0]))
     return meta
 
 
 # ------------------------------------------------------------------ methods
-@register("heft", seed=4)
+@register("heft", seed=4, summary="HEFT: upward-rank order, earliest-finish-time device, insertion into idle "
+                                  "gaps; memory-constrained")
 def heft(problem, budget, seed, tracker, insertion: bool = True, links: str = "queued"):
     """HEFT: upward-rank order, earliest-finish-time device, insertion into idle gaps."""
 
@@ -773,7 +888,8 @@ def heft(problem, budget, seed, tracker, insertion: bool = True, links: str = "q
     return _schedule_variants(problem, tracker, schedule, links)
 
 
-@register("critical-path", seed=5)
+@register("critical-path", seed=5, summary="CPOP: critical-path ops on the device that runs the whole path "
+                                           "fastest, the rest by earliest finish time; memory-constrained")
 def critical_path(problem, budget, seed, tracker, links: str = "queued"):
     """CPOP: critical-path ops on the device that runs the whole path fastest, the rest
     by earliest finish time, in order of upward + downward rank."""
@@ -798,14 +914,12 @@ def critical_path(problem, budget, seed, tracker, links: str = "queued"):
     return _schedule_variants(problem, tracker, schedule, links)
 
 
-@register("m-topo", seed=6)
-def m_topo(problem, budget, seed, tracker, links: str = "queued"):
-    """m-TOPO: in topological order, fill one GPU after another with about 1/n of the
-    compute each, moving on early when a GPU's memory is full."""
+def _topo_assign(problem, cap):
+    """m-TOPO's group assignment with device capacities ``cap`` (bytes of the estimate);
+    returns (assignment, memory fallbacks, compute share per GPU in µs)."""
     g = problem.graph
     acc = accelerators(problem)
     gmem = group_memory_bytes(problem).astype(np.float64)
-    cap = problem.cost_model.capacity.astype(np.float64)
     gt = gpu_group_time(problem)
     on_acc = problem.allowed[:, acc].any(axis=1)
     share = gt[on_acc].sum() / len(acc)
@@ -832,15 +946,45 @@ def m_topo(problem, budget, seed, tracker, links: str = "queued"):
         used[d] += gmem[k]
         if d == acc[c]:
             load += gt[k]
-    r = score(tracker, gdev.astype(np.int32))
+    return gdev, fallbacks, float(share)
+
+
+def _topo_fitted(problem, tracker):
+    """m-TOPO under the simulator's memory account: rounds of :func:`_topo_assign`
+    (:func:`_memory_rounds`), then :func:`_fit_memory` if none fits. Returns
+    (assignment, how it fits, EvalResult, memory fallbacks, share) of the best, or None
+    when no evaluation was left."""
+    def attempt(cap):
+        gdev, fallbacks, share = _topo_assign(problem, cap)
+        return gdev, (fallbacks, share)
+
+    runs = _memory_rounds(problem, tracker, attempt)
+    if not runs:
+        return None
+    a, (fallbacks, share), r = runs[_best(runs)]
+    if r.feasible[0]:
+        return a, "schedule", r, int(fallbacks), share
+    fitted = _fit_memory(problem, tracker, runs)
+    if fitted is not None:
+        return fitted[0], "fit_memory", fitted[1], int(fallbacks), share
+    return a, "none", r, int(fallbacks), share
+
+
+@register("m-topo", seed=6, summary="m-TOPO: in topological order, fill one GPU after another with about 1/n "
+                                    "of the compute each; memory-constrained")
+def m_topo(problem, budget, seed, tracker, links: str = "queued"):
+    """m-TOPO: in topological order, fill one GPU after another with about 1/n of the
+    compute each, moving on early when a GPU's memory is full."""
+    topo = _topo_fitted(problem, tracker)
+    if topo is None:
+        raise BudgetExhausted
+    a, fit, r, fallbacks, share = topo
     # its plan: the placement, ops started earliest first on the same timeline as m-ETF
-    data = _Data(problem, links=links)
-    _, (_, _, finish, _) = data.etf(data.rank_u(), gdev=gdev)
-    return {"share_us": float(share), "memory_fallbacks": int(fallbacks), "links": links,
-            "planned_us": float(finish.max()) if len(finish) else 0.0, "simulated_us": float(r.step_time_us[0])}
+    return {"share_us": share, "memory_fallbacks": fallbacks, "links": links, "memory": "constrained",
+            "memory_fit": fit, "planned_us": _planned(problem, a, links), "simulated_us": float(r.step_time_us[0])}
 
 
-@register("m-etf", seed=3)
+@register("m-etf", seed=3, summary="m-ETF: earliest task first under device memory; memory-constrained")
 def m_etf(problem, budget, seed, tracker, links: str = "queued"):
     """m-ETF: earliest task first under device memory."""
 
@@ -953,7 +1097,8 @@ def sct_favourite_children(data, time_limit: float = 60.0, window: int = 2500):
     return fav, message
 
 
-@register("m-sct", seed=8)
+@register("m-sct", seed=8, summary="m-SCT: m-ETF with favourite children (SCT LP, SciPy/HiGHS) on their "
+                                   "parent's device; memory-constrained")
 def m_sct(problem, budget, seed, tracker, lp_seconds: Positive | None = None, links: str = "queued"):
     """m-SCT: ETF under memory, favourite children (SCT LP, SciPy/HiGHS) on their
     parent's device."""
