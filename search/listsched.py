@@ -8,6 +8,17 @@ follow it. A device whose charged memory would exceed its capacity is not a cand
 if no device has room the op goes where the overflow is least (counted in the metadata
 as ``memory_fallbacks``). Every method scores its placement through the tracker.
 
+All five are memory-constrained by the simulator's account, which the estimate cannot
+see (outputs are freed once consumed, received copies are held): a schedule whose
+simulated peak exceeds a device's capacity is run again with the capacities the
+estimate is held to retargeted from the simulated peaks (up to ``MEMORY_ROUNDS``
+times), the fastest rounds still over are repaired with
+:func:`placetool.search.memory.fit_memory`, and where none fits m-TOPO's placement is
+returned, so a result fits whenever m-TOPO's does (given the budget to get there).
+``metadata["memory"]`` is ``"constrained"``; ``memory_fit`` says how the result fits
+(``schedule``, ``fit_memory``, ``m-topo (...)`` or ``none``), ``memory_rounds`` how many
+schedules were run.
+
 - ``heft`` (Topcuoglu et al. 2002): ops by upward rank (mean compute + mean
   communication to the exit), each to the device of earliest finish time, inserting
   into idle gaps; communication = link latency + bytes / bandwidth.
