@@ -108,6 +108,7 @@ def run_instance(graph, cluster, methods, seconds, seeds):
                          "evals_per_second": evals / took if took > 0 else math.nan,
                          "planned_us": meta.get("planned_us", math.nan),
                          "simulated_us": meta.get("simulated_us", math.nan),
+                         "memory_fit": meta.get("memory_fit"),
                          "best_at_quarter_us": _at(hist, seconds / 4), "best_at_half_us": _at(hist, seconds / 2),
                          "error": err})
             print(f"  {graph:<14} {cluster:<6} {m:<14} seed {seed} {step / 1e3:10.2f} ms  "
@@ -231,6 +232,15 @@ def print_tables(rows, methods, summary, goal, seconds):
                 extra = f"  at 1/4: {fmt(q1[k] / 1e3, '.1f')} ms, at 1/2: {fmt(q2[k] / 1e3, '.1f')} ms"
             print(f"  {m:<14} {fmt(step[k] / 1e3, '.1f'):>9} ms  {fmt(step[k] / lb):>6}x LB "
                   f"{fmt(eps[k], '.0f'):>9} evals/s{extra}")
+    within = {}
+    for g, c in insts:
+        for m in methods:
+            k = (g, c, m)
+            if math.isfinite(plan.get(k, math.nan)) and sim.get(k, 0) > 0:
+                within.setdefault(m, []).append(abs(plan[k] / sim[k] - 1) <= 0.10)
+    if within:
+        print("plan within 10% of the simulation: " + ", ".join(
+            f"{m} {sum(v)}/{len(v)}" for m, v in within.items()))
     for s, v in goal.items():
         if "never_worse_than_best_baseline" in v:
             print(f"goal: {s} never worse than the best one-shot baseline: "
