@@ -233,11 +233,12 @@ def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
     position, cheapest first) through ``tracker``; returns ([(objective, name,
     assignment)] best first, skipped names). Methods that are not registered, or fail,
     are skipped. They share ``share`` of a time budget (60 s under an evaluation budget):
-    none starts after it is spent and iterative ones stop, but a one-shot method that
-    finishes late still has its answer scored and kept. Seeds out of memory but faster
-    than every feasible one are fitted into memory (:func:`fit_memory`) within the same
-    share and join as ``NAME (fitted)``; objectives are scored against the best feasible
-    seed (:func:`objective`)."""
+    none starts after it is spent and iterative ones stop, and so do the list schedulers
+    (one schedule can take seconds at a thousand devices: one cut short gives no seed);
+    another one-shot method that finishes late still has its answer scored and kept.
+    Seeds out of memory but faster than every feasible one are fitted into memory
+    (:func:`fit_memory`) within the same share and join as ``NAME (fitted)``; objectives
+    are scored against the best feasible seed (:func:`objective`)."""
     cap = problem.cost_model.capacity
     names = seed_names(names)
     limit = budget.seconds * share if budget.seconds else 60.0

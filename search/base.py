@@ -214,6 +214,18 @@ class Tracker:
         now = work_clock()
         return now >= self._deadline or (self.budget.seconds is not None and now - self.t0 >= self.budget.seconds)
 
+    def deadline(self) -> float:
+        """The :func:`~placetool.costmodel.jitclock.work_clock` reading at which the
+        innermost :meth:`sub_budget` ends (or the budget, if sooner); inf outside a
+        sub-budget, where a one-shot method always answers. A long compiled loop, which
+        cannot ask :meth:`done`, is given it to stop at: a seeding method must not eat
+        the search's own share."""
+        if self._deadline == np.inf:
+            return np.inf
+        if self.budget.seconds is not None:
+            return min(self._deadline, self.t0 + self.budget.seconds)
+        return self._deadline
+
     @contextmanager
     def sub_budget(self, seconds: float):
         """A share of the budget: inside the ``with``, :meth:`done` is also true once

@@ -50,8 +50,9 @@ tracker keeps the faster; ``metadata["devices"]`` says which won.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, objmode
 
+from placetool.costmodel.jitclock import work_clock
 from placetool.costmodel.kernels import heap_pop, heap_push
 
 from .base import BudgetExhausted, Positive, SearchError, register
@@ -78,6 +79,17 @@ def _hpop(k1, k2, ids, size):
     """Pop the minimum of the simulator's (key, tie) heap; returns (id, new size)."""
     top = ids[0]
     return top, heap_pop(k1, k2, ids, size)
+
+
+@njit(cache=True)
+def _out_of_time(step, deadline):
+    """Whether the :func:`work_clock` has reached ``deadline``, read every 64th ``step``
+    (about a microsecond a reading, and a step at a thousand devices costs far more)."""
+    if deadline == np.inf or (step & 63) != 0:
+        return False
+    with objmode(now="float64"):
+        now = work_clock()
+    return now >= deadline
 
 
 # ------------------------------------------------------------- shared pieces
@@ -315,14 +327,15 @@ def downward_rank(order, wbar, pred_ptr, pred_src, pred_bytes, pred_ctrl, mean_l
 @njit(cache=True)
 def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, succ_dst,
                  group, gdev, gmem, cap, lat, bw, forced, insertion,
-                 in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, xc, queued):
+                 in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, xc, queued, deadline):
     """Priority list scheduling: the ready op of highest ``prio`` (ties: lower ``rank``)
     goes to the device of earliest finish (into an idle gap when ``insertion``).
     With ``queued`` transfers follow the simulator's rules (see :func:`_transfer_ready`);
     without, every edge costs latency + bytes / bandwidth and nothing queues.
 
     ``gdev`` (per group, -1 = free) is updated in place. Returns (place, start, finish,
-    memory fallbacks).
+    memory fallbacks). At ``deadline`` (a :func:`work_clock` reading) it stops, with ops
+    left unplaced (-1).
     """
     n, D = T.shape
     place = np.full(n, -1, np.int64)
@@ -349,7 +362,11 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
     cand = np.zeros(D, np.bool_)
     arrive, link_s, link_e, link = _link_timelines(tensor_bytes.shape[0], in_tensor.shape[0], D, queued)
     fallbacks = 0
+    steps = 0
     while size > 0:
+        steps += 1
+        if _out_of_time(steps, deadline):
+            break
         op, size = _hpop(k1, k2, ids, size)
         g = group[op]
         fallbacks += _candidates(op, g, T, gdev, gmem, used, cap, forced[op], cand)
@@ -463,7 +480,7 @@ def _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref, dr, avail, group, ca
 def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, succ_dst,
                  group, gdev, gmem, cap, lat, bw, fav_parent,
                  in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, xc, queued,
-                 op_tensor_ptr, tensor_ptr, tensor_cons):
+                 op_tensor_ptr, tensor_ptr, tensor_cons, deadline):
     """Earliest task first: start the (ready op, device) pair with the earliest start
     (ties: lower ``tie``, the op's position in priority order); no insertion. An op whose
     favourite parent (``fav_parent`` >= 0) is placed prefers that parent's device.
@@ -484,7 +501,8 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
     tensor goes to such a group's device when its producer ends, not when the consumer
     is scheduled, as in the simulator.
 
-    Returns (place, start, finish, memory fallbacks).
+    Returns (place, start, finish, memory fallbacks). At ``deadline`` (a
+    :func:`work_clock` reading) it stops, with ops left unplaced (-1).
     """
     n, D = T.shape
     fixed = gdev.copy()
@@ -522,7 +540,11 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                                       pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
     fallbacks = 0
     placed = 0
+    steps = 0
     while placed < n:
+        steps += 1
+        if _out_of_time(steps, deadline):
+            break
         # int64, not a literal -1: numba would compile spare copies of the helpers called with them
         bs, bt, bd, bop = np.inf, np.int64(1) << 62, np.int64(-1), np.int64(-1)
         for d in range(D):
@@ -628,7 +650,15 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
 
 # ------------------------------------------------------------ problem data
 class _Data:
-    """Op-level arrays every list scheduler reads (built once per problem)."""
+    """Op-level arrays every list scheduler reads (built once per problem).
+
+    ``deadline``: the :func:`work_clock` reading its schedules stop at (a tracker's
+    :meth:`~placetool.search.base.Tracker.deadline`: the end of a search's seeding share;
+    inf for a method run on its own, which always answers); one cut short raises
+    :class:`~placetool.search.base.BudgetExhausted`. At a thousand devices one schedule
+    of a 10k-op graph takes seconds, more than a seeding share of a short budget."""
+
+    deadline = np.inf
 
     def __init__(self, problem, gpu_only: bool = False, links: str = "queued"):
         g, cl, cm = problem.graph, problem.cluster, problem.cost_model
@@ -714,8 +744,8 @@ class _Data:
         gdev = self.fresh_gdev()
         out = eft_schedule(prio, self.rank, self.T, self.pred_ptr, self.pred_src, self.pred_bytes,
                            self.pred_ctrl, self.succ_ptr, self.succ_dst, self.group, gdev, self.gmem,
-                           self.cap, self.lat, self.bw, forced, insertion, *self._timeline())
-        return self._check(gdev), out
+                           self.cap, self.lat, self.bw, forced, insertion, *self._timeline(), self.deadline)
+        return self._check(gdev, out[0]), out
 
     def _timeline(self):
         return (self.in_ptr, self.in_tensor, self.tensor_op, self.tensor_bytes, self.cpred_ptr, self.cpred_src,
@@ -736,10 +766,12 @@ class _Data:
         out = etf_schedule(tie, self.T, self.pred_ptr, self.pred_src, self.pred_bytes,
                            self.pred_ctrl, self.succ_ptr, self.succ_dst, self.group, gdev, self.gmem,
                            self.cap, self.lat, self.bw, fav_parent, *self._timeline(),
-                           self.op_tensor_ptr, self.tensor_ptr, self.tensor_cons)
-        return self._check(gdev), out
+                           self.op_tensor_ptr, self.tensor_ptr, self.tensor_cons, self.deadline)
+        return self._check(gdev, out[0]), out
 
-    def _check(self, gdev):
+    def _check(self, gdev, place):
+        if np.any(place < 0) and work_clock() >= self.deadline:
+            raise BudgetExhausted  # cut short: no placement
         if np.any(gdev < 0):  # a scheduler bug, never a user error
             raise RuntimeError(f"list scheduler left {int((gdev < 0).sum())} groups unplaced")
         return gdev
