@@ -87,6 +87,19 @@ LINK_KEYS = frozenset({"latency_us", "bandwidth_bytes_per_us"})
 MAX_MEMORY = 1 << 60
 MAX_LATENCY_US = 1e12
 MIN_BANDWIDTH = 1e-6
+#: the most devices a cluster may have: the simulator keeps state for every ordered
+#: device pair (link queues, pending link events) and resets it for each placement, so
+#: its workspace and each simulation's set-up grow as devices^2 (at 1,024 devices about
+#: 40 MB a workspace and 1 ms a placement, 5.8 ms at 2,048: benchmarks/device_scale.py)
+MAX_DEVICES = 1024
+
+
+def check_device_count(n_devices: int, where: str) -> None:
+    """ClusterError naming ``where`` and the limit when a cluster has more devices than
+    :data:`MAX_DEVICES`."""
+    if n_devices > MAX_DEVICES:
+        raise ClusterError(f"{where}: {n_devices:,} devices; the simulator is built for at most "
+                           f"{MAX_DEVICES:,} (its per-link state grows as devices^2)")
 
 
 @dataclass(eq=False)
@@ -151,6 +164,7 @@ class Cluster:
         devs_in = d.get("devices")
         if not isinstance(devs_in, list) or not devs_in:
             raise ClusterError(f"{source}: needs a non-empty 'devices' list")
+        check_device_count(len(devs_in), source)
         devices = []
         for i, e in enumerate(devs_in):
             where = f"{source}: device {e.get('name', i)!r}" if isinstance(e, dict) else f"{source}: device {i}"

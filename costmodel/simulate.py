@@ -17,6 +17,7 @@ import numba
 import numpy as np
 
 from . import kernels
+from .cluster import check_device_count
 from .placement import Placement, PlacementError
 from .procs import run_shares
 from .profile import op_time_matrix
@@ -113,6 +114,7 @@ class CostModel:
     """
 
     def __init__(self, graph, cluster, profile=None, op_times=None):
+        check_device_count(cluster.n_devices, f"cluster {cluster.name!r}")
         self.graph = graph
         self.cluster = cluster
         if op_times is not None:
