@@ -12,6 +12,10 @@ The helpers here (accelerators, group graph, memory estimate, repair) are shared
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+
 import numpy as np
 
 from .base import register
@@ -174,9 +178,31 @@ def metis_parts(problem, n_parts: int, nodes=None, seed: int = 0) -> np.ndarray:
     vw = _int_weights(gpu_group_time(problem)[nodes], top=1 << 16)
     ew = _int_weights(w) if len(w) else None
     opts = pymetis.Options(seed=int(seed) % (1 << 31))
-    _, parts = pymetis.part_graph(int(n_parts), xadj=xadj, adjncy=adjncy, vweights=vw,
-                                  eweights=ew, options=opts)
+    with _c_stdout_discarded():
+        _, parts = pymetis.part_graph(int(n_parts), xadj=xadj, adjncy=adjncy, vweights=vw,
+                                      eweights=ew, options=opts)
     return np.asarray(parts, np.int64)
+
+
+@contextlib.contextmanager
+def _c_stdout_discarded():
+    """Discard what C code prints on the process's stdout meanwhile. METIS asked for
+    hundreds of parts (a cluster of hundreds of GPUs) prints "Cannot bisect a graph with 0
+    vertices!" there, once per empty part, into the middle of ``search --json``'s output;
+    the partition it returns is used all the same."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        libc.fflush(None)  # C's own buffer, before fd 1 is the real stdout again
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _movable(problem, acc):
