@@ -390,12 +390,16 @@ def predict(cm, profile, p) -> tuple[float, float]:
 @profile_option("Profile from placetool calibrate (predictions use it; its cluster is the default).")
 @click.option("--cluster", "-c", default=None, help="Cluster for predictions (default: the profile's).")
 @device_options
-@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Timed steps (median).")
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Timed steps (median), shared among the rounds.")
+@click.option("--rounds", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Rounds interleaved with one device and the sentinel step (noise floor, paired ratio); "
+                   "0: time the placement alone.")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
 @json_option
 @quiet_option
 def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster, testbed_n, timeout_s,
-           testbed_device, cluster_spec, local, steps, warmup, as_json, quiet):
+           testbed_device, cluster_spec, local, steps, rounds, warmup, as_json, quiet):
     """Run a placement for real and compare its measured step time with the prediction."""
     require_tf()
     from placetool.costmodel import CostModel, presets
@@ -425,20 +429,44 @@ def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster
     sim, over = predict(cm, prof, p)
     predicted = sim + over
     log = _log(as_json or quiet)
+    one = cm.single_device(int(np.bincount(p).argmax()))  # the paired reference: one device
+    check_placement(t.graph, one, spec0)
+    sent = None
     with devices(testbed_n, testbed_device, cluster_spec, local, timeout_s, log) as spec:
-        log(f"measuring {t.graph.name} ({t.graph.n_ops} ops), {warmup} warm-up + {steps} timed steps ...")
         with naming_lost_workers(spec):
-            m = measure(t, p, spec, warmup=warmup, steps=steps, timeout_s=timeout_s)
+            if rounds:
+                from placetool.costmodel.tf.sentinel import measure_with_sentinel
+
+                per = max(1, steps // rounds)
+                log(f"measuring {t.graph.name} ({t.graph.n_ops} ops) beside one device: {rounds} rounds of "
+                    f"{per} steps each, the sentinel step between rounds ...")
+                (m, m1), sent = measure_with_sentinel(t, [p, one], spec, rounds=rounds, steps=per,
+                                                      warmup=warmup, reference=1, timeout_s=timeout_s, log=log)
+            else:
+                log(f"measuring {t.graph.name} ({t.graph.n_ops} ops), {warmup} warm-up + {steps} timed steps ...")
+                m = measure(t, p, spec, warmup=warmup, steps=steps, timeout_s=timeout_s)
     err = 100.0 * (predicted - m.step_us) / m.step_us
     used = sorted({cl.names[i] for i in np.unique(p)})
     out = {"graph": t.graph.name, "ops": t.graph.n_ops, "cluster": cl.name, "placement": placement,
            "devices_used": used, "measured_us": m.step_us, "predicted_us": predicted,
            "simulated_us": sim, "step_overhead_us": over, "error_pct": err, "steps_us": m.steps_us,
            "profile": profile}
+    if sent is not None:
+        pred_one = sum(predict(cm, prof, one))
+        out.update({"noise_floor_pct": sent["noise_floor_pct"], "flagged_rounds": sent["flagged_rounds"],
+                    "redone_rounds": sent["redone"], "one_device_us": m1.step_us,
+                    "ratio_to_one_device": sent["paired"][0]["ratio"],
+                    "ratios_to_one_device": sent["paired"][0]["ratios"],
+                    "predicted_ratio_to_one_device": predicted / pred_one})
     if as_json:
         emit_json(out)
         return
     click.echo(f"{t.graph.name} ({t.graph.n_ops} ops), placement {placement} on {', '.join(used)}")
-    click.echo(f"measured    {fmt_us(m.step_us)}   (median of {steps} steps)")
+    click.echo(f"measured    {fmt_us(m.step_us)}   (median of {len(m.steps_us)} steps)")
+    if sent is not None:
+        click.echo(f"vs 1 device {out['ratio_to_one_device']:.3f}x one device's {fmt_us(m1.step_us)} (paired over "
+                   f"{len(sent['paired_rounds'])} rounds; predicted {out['predicted_ratio_to_one_device']:.3f}x)")
+        click.echo(f"noise floor ±{sent['noise_floor_pct']:.1f}% (sentinel step)"
+                   + (f"; rounds flagged: {sent['flagged_rounds']}" if sent["flagged_rounds"] else ""))
     click.echo(f"predicted   {fmt_us(predicted)}   (simulated {fmt_us(sim)} + step overhead {fmt_us(over)})")
     click.echo(f"error       {err:+.1f}%")

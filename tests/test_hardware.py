@@ -322,8 +322,15 @@ def test_interleaved_measurements_and_verify_top(mlp, testbed):
     for r in v["rows"]:
         assert r["error_pct"] == pytest.approx(100 * (r["predicted_us"] - r["measured_us"]) / r["measured_us"])
     # never a placement that measured slower than the baseline beyond the noise
+    assert v["sentinel"]["noise_floor_pct"] >= 0 and v["noise_floor_pct"] >= v["sentinel"]["noise_floor_pct"]
+    assert v["rows"][1]["ratio_to_single"] == 1.0
     if v["recommended"] == 0:
-        assert v["confirmed"] and meas[0] < meas[1]
+        # chosen by one run, recommended only after a fresh paired run confirmed it
+        c = v["confirmation"]
+        assert v["confirmed"] and c["confirmed"] and meas[0] < meas[1] and c["rounds"] == 5
+        assert c["gain_pct"] > c["noise_floor_pct"] and c["rounds_faster"] >= 4
+    elif "confirmation" in v:
+        assert not v["confirmation"]["confirmed"] and not v["confirmed"]
 
 
 @pytest.mark.slow
@@ -400,6 +407,9 @@ def test_calibrate_and_verify_cli(mlp, testbed, tmp_path):
     assert d["measured_us"] > 0 and d["devices_used"] == ["cpu:0", "cpu:1"]
     assert d["predicted_us"] == pytest.approx(d["simulated_us"] + prof.step_overhead(2))
     assert d["error_pct"] == pytest.approx(100 * (d["predicted_us"] - d["measured_us"]) / d["measured_us"])
+    # beside one device in paired rounds, with the sentinel's noise floor
+    assert d["noise_floor_pct"] >= 0 and d["one_device_us"] > 0
+    assert d["ratio_to_one_device"] == pytest.approx(float(np.median(d["ratios_to_one_device"])))
 
     # a placement naming a device the cluster lacks is refused before anything runs
     bad = json.loads(placement.read_text())

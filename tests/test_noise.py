@@ -39,6 +39,31 @@ def test_paired_ratios_cancel_load_that_hits_a_whole_round():
         noise.paired_ratios([single], ref=3)
 
 
+class Scripted:
+    """A sentinel whose timings are given: what the monitor does with them is the test."""
+
+    def __init__(self, times):
+        self.times = list(times)
+
+    def time(self) -> float:
+        return self.times.pop(0)
+
+
+def test_monitor_reruns_a_drifting_round_then_flags_when_no_redo_is_left():
+    from placetool.costmodel.tf.sentinel import Monitor
+
+    # calibration 100, 102, 98 (floor 2%, limit max(2 x 2, 2) = 4%); after round 0: 101 (fine);
+    # after round 1: 120 (drift 20%: run again), then 103 (fine); after round 2: 130 with
+    # no redo left: kept, and flagged
+    m = Monitor(Scripted([100, 102, 98, 101, 120, 103, 130]), rounds=3, calibrate=3, max_redo=1)
+    m.start()
+    assert m.floor == pytest.approx(2.0) and m.limit == pytest.approx(4.0)
+    assert [m.again(0), m.again(1), m.again(1), m.again(2)] == [False, True, False, False]
+    rep = m.report()
+    assert rep["redone"] == 1 and rep["after_round_us"] == [101, 103, 130]
+    assert rep["flagged_rounds"] == [2] and rep["paired_rounds"] == [0, 1]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_measure_with_sentinel_on_a_testbed():

@@ -195,7 +195,7 @@ class PlacedStep:
     def __enter__(self):
         tf = import_tf()
         t0 = time.perf_counter()
-        g, targets, init_targets, init_feeds = build_step_graph(self.traced, self.placement, self.spec.tf_devices)
+        g, targets, init_targets, init_feeds = self._graph()
         # workers run one op at a time on their own pools; in-process (--local) devices
         # share this process's pools, so give each device a thread
         threads = 1 if self.spec.workers else max(2, len(self.spec.tf_devices))
@@ -212,6 +212,10 @@ class PlacedStep:
                 raise
         self.setup_s = time.perf_counter() - t0
         return self
+
+    def _graph(self):
+        """(tf.Graph, target op names, initialiser op names, initialiser feeds) to run."""
+        return build_step_graph(self.traced, self.placement, self.spec.tf_devices)
 
     def step(self) -> float:
         """Run one step; its wall time in µs."""
@@ -373,12 +377,14 @@ class Repeated:
 
 
 def measure_interleaved(traced, placements, spec: ClusterSpec, rounds: int = 3, steps: int = 3,
-                        warmup: int = 2, timeout_s: float = 120.0, log=None) -> list[Repeated]:
+                        warmup: int = 2, timeout_s: float = 120.0, log=None, monitor=None) -> list[Repeated]:
     """Measure several placements of one traced step side by side.
 
     All placements are opened at once; then ``rounds`` times, each placement runs
     ``steps`` timed steps in turn (the order rotates every round), so load that drifts
     over the run hits every placement alike. Identical placements are measured once.
+    ``monitor`` (e.g. :class:`placetool.costmodel.tf.sentinel.Monitor`) is started once
+    the placements are open, and asked after each round whether to run it again.
     Returns one :class:`Repeated` per placement, in the order given.
     """
     P = [check_placement(traced.graph, p, spec) for p in placements]  # all refused before any runs
@@ -395,13 +401,19 @@ def measure_interleaved(traced, placements, spec: ClusterSpec, rounds: int = 3, 
             for _ in range(max(warmup - 1, 0)):
                 opened[-1].step()
         times = [[[] for _ in range(max(rounds, 1))] for _ in opened]
-        for r in range(max(rounds, 1)):
+        if monitor is not None:
+            monitor.start()
+        r = 0
+        while r < max(rounds, 1):
             order = list(range(len(opened)))
             order = order[r % len(order):] + order[:r % len(order)]
             for j in order:
                 times[j][r] = [opened[j].step() for _ in range(max(steps, 1))]
+            if monitor is not None and monitor.again(r, log):
+                continue
             if log:
                 log(f"  round {r + 1}/{rounds} done")
+            r += 1
     except BaseException:
         lost = any(st.abandoned for st in opened) or any_silent(spec)
         for st in opened:  # every session talks to a lost worker: none is waited for
@@ -472,48 +484,108 @@ def remap_placement(src_graph, placement, dst_graph) -> np.ndarray:
 
 def verify_top(traced, candidates, spec: ClusterSpec | None = None, testbed: int = 0,
                testbed_device: str = "cpu", rounds: int = 3, steps: int = 3, warmup: int = 2,
-               timeout_s: float = 120.0, log=None) -> dict:
+               timeout_s: float = 120.0, log=None, confirm_rounds: int = 5) -> dict:
     """Measure search candidates beside the baselines and pick what hardware says is fastest.
 
     ``candidates``: dicts with ``label``, ``source`` (``"search"`` for a placement the
     search found, anything else for a baseline: ``"single"``, ``"baseline"``),
     ``placement`` (per op of ``traced.graph``) and ``predicted_us``. All are measured in
-    one run, interleaved (:func:`measure_interleaved`) on ``spec``'s devices or on a
-    fresh ``testbed``-worker testbed. Returns :func:`judge` of the measured rows.
+    one run, interleaved, with the sentinel between rounds
+    (:func:`~placetool.costmodel.tf.sentinel.measure_with_sentinel`) on ``spec``'s
+    devices or on a fresh ``testbed``-worker testbed; :func:`judge` picks from it. A
+    search placement picked so is then measured again against the best baseline and one
+    device in a fresh run of ``confirm_rounds`` paired rounds, which took no part in
+    choosing it (the fastest of several noisy measurements is biased low), and is
+    recommended only if that run confirms it (:func:`confirm`); ``confirm_rounds=0``
+    skips it. Returns :func:`judge`'s account plus ``sentinel`` and ``confirmation``.
     """
+    from .sentinel import measure_with_sentinel
+
     if spec is None and not testbed:
         raise RunError("verify_top needs a cluster spec or a testbed size")
     P = [c["placement"] for c in candidates]
     for p in P:
         check_placement(traced.graph, p, spec or ClusterSpec.for_workers(["localhost:0"] * testbed,
                                                                           testbed_device))
+    ref = next((i for i, c in enumerate(candidates) if c["source"] == "single"), 0)
+
+    def measure(sp, placements, n_rounds, reference):
+        return measure_with_sentinel(traced, placements, sp, rounds=n_rounds, steps=steps, warmup=warmup,
+                                     reference=reference, timeout_s=timeout_s, log=log)
 
     def run(sp):
-        return measure_interleaved(traced, P, sp, rounds=rounds, steps=steps, warmup=warmup,
-                                   timeout_s=timeout_s, log=log)
+        reps, sent = measure(sp, P, rounds, ref)
+        rows, first = [], {}
+        for i, (c, m) in enumerate(zip(candidates, reps)):
+            row = {k: v for k, v in c.items() if k != "placement"}
+            j = first.setdefault(np.asarray(P[i], np.int32).tobytes(), i)
+            if j != i:
+                row["same_as"] = candidates[j]["label"]  # measured once, reported for both
+            row.update(m.to_dict())
+            row["error_pct"] = 100.0 * (c["predicted_us"] - m.step_us) / m.step_us
+            row["ratio_to_single"] = sent["paired"][i]["ratio"]
+            rows.append(row)
+        out = judge(rows, sentinel_floor_pct=sent["noise_floor_pct"])
+        out["sentinel"] = {k: v for k, v in sent.items() if k != "paired"}
+        s = out["recommended"]
+        if confirm_rounds and out["confirmed"]:
+            b = out["best_baseline"]
+            if log:
+                log(f"confirming {rows[s]['label']} against {rows[b]['label']} and one device in a fresh run "
+                    f"of {confirm_rounds} paired rounds ...")
+            idx = list(dict.fromkeys([ref, b, s]))
+            reps2, sent2 = measure(sp, [P[i] for i in idx], confirm_rounds, 0)
+            c = confirm(reps2[idx.index(s)].round_us, reps2[idx.index(b)].round_us, sent2["noise_floor_pct"],
+                        keep=sent2["paired_rounds"])
+            c["ratio_to_single"] = {rows[i]["label"]: sent2["paired"][k]["ratio"] for k, i in enumerate(idx)}
+            c["sentinel"] = {k: v for k, v in sent2.items() if k != "paired"}
+            out["confirmation"] = c
+            if not c["confirmed"]:
+                out["confirmed"] = False
+                out["recommended"] = b
+                out["message"] = (f"NOT confirmed: {rows[s]['label']} measured {out['gain_pct']:.1f}% faster than "
+                                  f"{rows[b]['label']} in the run that chose it, but {c['gain_pct']:+.1f}% in a "
+                                  f"fresh run of {confirm_rounds} paired rounds (faster in {c['rounds_faster']} of "
+                                  f"{c['rounds']}, noise floor {c['noise_floor_pct']:.1f}%); recommending "
+                                  f"{rows[b]['label']}")
+            else:
+                out["message"] += (f"; confirmed by a fresh run of {confirm_rounds} paired rounds: "
+                                   f"{c['gain_pct']:+.1f}% (faster in {c['rounds_faster']} of {c['rounds']})")
+        return out
 
     if spec is not None:
-        reps = run(spec)
+        out = run(spec)
     else:
         from .testbed import Testbed
 
         with Testbed.start(testbed, device=testbed_device, timeout_s=timeout_s) as tb:
-            reps = run(tb.spec)
-    rows, first = [], {}
-    for i, (c, m) in enumerate(zip(candidates, reps)):
-        row = {k: v for k, v in c.items() if k != "placement"}
-        j = first.setdefault(np.asarray(P[i], np.int32).tobytes(), i)
-        if j != i:
-            row["same_as"] = candidates[j]["label"]  # measured once, reported for both
-        row.update(m.to_dict())
-        row["error_pct"] = 100.0 * (c["predicted_us"] - m.step_us) / m.step_us
-        rows.append(row)
-    out = judge(rows)
+            out = run(tb.spec)
     out["placements"] = P
     return out
 
 
-def judge(rows: list[dict]) -> dict:
+def confirm(search_round_us, baseline_round_us, noise_floor_pct: float, keep=None, share: float = 0.8) -> dict:
+    """Does a fresh run confirm that a placement beats the baseline? Round by round, its
+    median step over the baseline's (paired, so load that hits a round cancels): confirmed
+    when the median of those ratios is faster by more than the noise floor and the
+    placement was faster in at least ``share`` of the rounds (``keep``: rounds to use).
+
+    >>> confirm([90, 95, 92, 91, 99], [100, 100, 101, 99, 98], noise_floor_pct=2.0)["confirmed"]
+    True
+    >>> confirm([90, 105, 92, 104, 99], [100, 100, 101, 99, 98], noise_floor_pct=2.0)["confirmed"]
+    False
+    """
+    s, b = np.asarray(search_round_us, np.float64), np.asarray(baseline_round_us, np.float64)
+    rounds = np.arange(s.size) if not keep else np.asarray(list(keep), np.int64)
+    q = s[rounds] / b[rounds]
+    gain = 100.0 * (1.0 - float(np.median(q)))
+    faster = int(np.count_nonzero(q < 1.0))
+    ok = gain > noise_floor_pct and faster >= int(np.ceil(share * q.size))
+    return {"confirmed": bool(ok), "gain_pct": gain, "ratios": [float(x) for x in q], "rounds": int(q.size),
+            "rounds_faster": faster, "noise_floor_pct": float(noise_floor_pct)}
+
+
+def judge(rows: list[dict], sentinel_floor_pct: float = 0.0) -> dict:
     """Which measured placement to recommend, and whether the search's gain is real.
 
     ``rows``: ``source``, ``label``, ``predicted_us``, ``measured_us``, ``spread_pct``.
@@ -521,26 +593,29 @@ def judge(rows: list[dict]) -> dict:
     whose lead over the best baseline is within the noise floor (the larger spread of
     the two): then the baseline is recommended, since hardware does not confirm the
     simulated gain. ``confirmed`` says whether a search placement is measurably faster
-    than every baseline. Returns {rows, recommended (index), confirmed, gain_pct
-    (measured gain of the best search placement over the best baseline, % of the
-    baseline), noise_floor_pct (median spread), message}.
+    than every baseline. ``sentinel_floor_pct``: the sentinel's noise floor of the same
+    run, which the floor is never below. Returns {rows, recommended (index), confirmed,
+    gain_pct (measured gain of the best search placement over the best baseline, % of
+    the baseline), best_baseline (index), noise_floor_pct (median spread, at least the
+    sentinel's), message}.
     """
     if not rows:
         raise ValueError("nothing was measured")
     meas = np.array([r["measured_us"] for r in rows])
     is_search = np.array([r["source"] == "search" for r in rows])
     best = int(np.argmin(meas))
-    noise = float(np.median([r["spread_pct"] for r in rows]))
+    noise = max(float(np.median([r["spread_pct"] for r in rows])), sentinel_floor_pct)
     out = {"rows": rows, "recommended": best, "confirmed": False, "gain_pct": None,
-           "noise_floor_pct": noise}
+           "noise_floor_pct": noise, "best_baseline": None}
     if not is_search.any() or is_search.all():
         out["message"] = f"measured best: {rows[best]['label']}"
         return out
     s = int(np.flatnonzero(is_search)[np.argmin(meas[is_search])])
     b = int(np.flatnonzero(~is_search)[np.argmin(meas[~is_search])])
     gain = 100.0 * (meas[b] - meas[s]) / meas[b]
-    floor = max(rows[s]["spread_pct"], rows[b]["spread_pct"])
+    floor = max(rows[s]["spread_pct"], rows[b]["spread_pct"], sentinel_floor_pct)
     out["gain_pct"] = float(gain)
+    out["best_baseline"] = b
     best_pred = int(np.flatnonzero(is_search)[np.argmin([rows[i]["predicted_us"] for i in np.flatnonzero(is_search)])])
     sim_gain = 100.0 * (rows[b]["predicted_us"] - rows[best_pred]["predicted_us"]) / rows[b]["predicted_us"]
     same = rows[s].get("same_as") == rows[b]["label"] or rows[b].get("same_as") == rows[s]["label"]

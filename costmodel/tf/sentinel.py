@@ -16,27 +16,29 @@ Placements are then compared by paired per-round ratios against a reference plac
 from __future__ import annotations
 
 import statistics
-import time
 
 import numpy as np
 
 from placetool.costmodel import noise
 
-from .runner import PlacedStep, Repeated, _tf_errors, check_placement
-from .session import import_tf, session_config
+from .runner import PlacedStep, any_silent, check_placement, measure_interleaved
+from .session import import_tf
 
 
-class Sentinel:
-    """The reference step opened on ``spec``'s devices: ``with Sentinel(spec) as s: s.time()``."""
+class Sentinel(PlacedStep):
+    """The reference step opened on ``spec``'s devices: ``with Sentinel(spec) as s: s.time()``.
+
+    A :class:`~placetool.costmodel.tf.runner.PlacedStep` of its own graph, so a worker
+    lost while it runs is found as in any measured step."""
 
     def __init__(self, spec, size: int = 128, chain: int = 8, steps: int = 5, timeout_s: float = 120.0):
         self.spec, self.size, self.chain, self.steps, self.timeout_s = spec, size, chain, steps, timeout_s
         self.sess = None
+        self.abandoned = self.failed = False
 
-    def __enter__(self):
-        tf = import_tf()
-        tf1 = tf.compat.v1
-        g = tf.Graph()
+    def _graph(self):
+        tf1 = import_tf().compat.v1
+        g = tf1.Graph()
         rng = np.random.default_rng(0)
         with g.as_default():
             x = None
@@ -49,103 +51,84 @@ class Sentinel:
                     w = tf1.constant(q.astype(np.float32))
                     for _ in range(self.chain):
                         x = tf1.matmul(x, w)
-            self.target = x.op
-        threads = 1 if self.spec.workers else max(2, len(self.spec.tf_devices))
-        with _tf_errors(self.timeout_s):
-            self.sess = tf1.Session(self.spec.target, graph=g,
-                                    config=session_config(self.timeout_s, threads, isolate=True))
-            self.sess.run(self.target)  # registration
-        return self
+        return g, [x.op.name], [], None
 
     def time(self) -> float:
         """Median wall time of ``steps`` sentinel steps, µs."""
-        out = []
-        with _tf_errors(self.timeout_s):
-            for _ in range(max(self.steps, 1)):
-                s = time.perf_counter()
-                self.sess.run(self.target)
-                out.append((time.perf_counter() - s) * 1e6)
-        return float(statistics.median(out))
+        return float(statistics.median(self.step() for _ in range(max(self.steps, 1))))
 
-    def close(self) -> None:
-        if self.sess is not None:
-            self.sess.close()
-            self.sess = None
 
-    def __exit__(self, *exc):
-        self.close()
+class Monitor:
+    """Times the sentinel between the rounds of :func:`~placetool.costmodel.tf.runner.measure_interleaved`.
+
+    :meth:`start` times it ``calibrate`` times (its noise floor, half range % of median,
+    sets the drift limit ``max(limit_factor x floor, min_limit_pct)``); :meth:`again`
+    times it after a round and says whether the round should be run again: the sentinel
+    drifted beyond the limit during it and fewer than ``max_redo`` rounds were redone.
+    :meth:`report` is the account: {noise_floor_pct, baseline_us, limit_pct,
+    after_round_us, drift_pct, redone, flagged_rounds, paired_rounds}.
+    """
+
+    def __init__(self, sentinel: Sentinel, rounds: int, calibrate: int = 5, limit_factor: float = 2.0,
+                 min_limit_pct: float = 2.0, max_redo: int | None = None):
+        self.sent, self.rounds, self.calibrate = sentinel, max(rounds, 1), max(calibrate, 2)
+        self.limit_factor, self.min_limit_pct = limit_factor, min_limit_pct
+        self.max_redo = self.rounds if max_redo is None else max_redo
+        self.baseline: list[float] = []
+        self.after = [float("nan")] * self.rounds
+        self.floor = self.limit = 0.0
+        self.redone = 0
+
+    def start(self) -> None:
+        self.baseline = [self.sent.time() for _ in range(self.calibrate)]
+        self.floor = noise.noise_floor_pct(self.baseline)
+        self.limit = max(self.limit_factor * self.floor, self.min_limit_pct)
+
+    def again(self, r: int, log=None) -> bool:
+        self.after[r] = self.sent.time()
+        before = self.baseline[-1] if r == 0 else self.after[r - 1]
+        drift = float(np.abs(noise.drift_pct([before, self.after[r]], self.baseline)).max())
+        if drift > self.limit and self.redone < self.max_redo:
+            self.redone += 1
+            if log:
+                log(f"  round {r + 1}/{self.rounds}: the sentinel drifted {drift:.1f}% "
+                    f"(limit {self.limit:.1f}%), again")
+            return True
         return False
+
+    def report(self) -> dict:
+        flagged = noise.flag_rounds(self.after, self.baseline, self.limit)
+        keep = [r for r in range(self.rounds) if r not in flagged]
+        return {"noise_floor_pct": self.floor, "baseline_us": self.baseline, "limit_pct": self.limit,
+                "after_round_us": self.after, "drift_pct": [float(x) for x in noise.drift_pct(self.after, self.baseline)],
+                "redone": self.redone, "flagged_rounds": flagged, "paired_rounds": keep or list(range(self.rounds))}
 
 
 def measure_with_sentinel(traced, placements, spec, rounds: int = 3, steps: int = 3, warmup: int = 2,
                           reference: int = 0, calibrate: int = 5, limit_factor: float = 2.0,
                           min_limit_pct: float = 2.0, max_redo: int | None = None, timeout_s: float = 120.0,
                           log=None, sentinel_kw: dict | None = None):
-    """:func:`~placetool.costmodel.tf.runner.measure_interleaved` with a sentinel between rounds.
+    """:func:`~placetool.costmodel.tf.runner.measure_interleaved` with the sentinel timed
+    between rounds (:class:`Monitor`), and placements compared by paired per-round
+    ratios to placement ``reference`` over the rounds not flagged (all, if every round is).
 
-    Placements are opened at once and run ``steps`` steps each per round, the order
-    rotating every round. The sentinel is timed ``calibrate`` times first; its noise
-    floor (half range, % of median) sets the drift limit, ``max(limit_factor x floor,
-    min_limit_pct)``; a round during which it drifted beyond that is run again, at most
-    ``max_redo`` times over the whole run (default: ``rounds``), else flagged.
-
-    Returns (one :class:`Repeated` per placement, in the order given; a report: {noise_floor_pct,
-    baseline_us, limit_pct, after_round_us, drift_pct, redone, flagged_rounds, paired}, where
-    ``paired`` holds each placement's per-round ratios to placement ``reference`` over
-    the unflagged rounds (all, if every round is flagged)).
+    Returns (one :class:`Repeated` per placement, in the order given; :meth:`Monitor.report`
+    plus ``paired``: each placement's :func:`~placetool.costmodel.noise.paired_ratios`).
     """
     P = [check_placement(traced.graph, p, spec) for p in placements]  # all refused before any runs
     if not 0 <= reference < len(P):
         raise ValueError(f"reference {reference} is not one of the {len(P)} placements")
     spec.check_reachable(timeout_s=min(timeout_s, 10.0))
-    R = max(rounds, 1)
-    max_redo = R if max_redo is None else max_redo
-    keys, uniq = [], {}
-    for p in P:
-        keys.append(uniq.setdefault(p.tobytes(), len(uniq)))
-    first = {j: P[i] for i, j in reversed(list(enumerate(keys)))}
-    opened: list[PlacedStep] = []
-    times = [[[] for _ in range(R)] for _ in range(len(uniq))]
     with Sentinel(spec, timeout_s=timeout_s, **(sentinel_kw or {})) as sent:
+        mon = Monitor(sent, rounds, calibrate, limit_factor, min_limit_pct, max_redo)
         try:
-            for j in range(len(uniq)):
-                opened.append(PlacedStep(traced, first[j], spec, timeout_s).__enter__())
-                for _ in range(max(warmup - 1, 0)):
-                    opened[-1].step()
-            baseline = [sent.time() for _ in range(max(calibrate, 2))]
-            floor = noise.noise_floor_pct(baseline)
-            limit = max(limit_factor * floor, min_limit_pct)
-            after = [float("nan")] * R
-            redone = 0
-            r = 0
-            while r < R:
-                order = list(range(len(opened)))
-                order = order[r % len(order):] + order[:r % len(order)]
-                for j in order:
-                    times[j][r] = [opened[j].step() for _ in range(max(steps, 1))]
-                after[r] = sent.time()
-                before = baseline[-1] if r == 0 else after[r - 1]
-                drift = max(abs(noise.drift_pct([before], baseline)[0]), abs(noise.drift_pct([after[r]], baseline)[0]))
-                if drift > limit and redone < max_redo:
-                    redone += 1
-                    if log:
-                        log(f"  round {r + 1}/{R}: the sentinel drifted {drift:.1f}% (limit {limit:.1f}%), again")
-                    continue
-                if log:
-                    log(f"  round {r + 1}/{R} done (sentinel drift {drift:.1f}%)")
-                r += 1
-        finally:
-            for st in opened:
-                st.close()
-    flagged = noise.flag_rounds(after, baseline, limit)
-    reps = []
-    for j in keys:
-        rs = times[j]
-        flat = [t for rr in rs for t in rr]
-        reps.append(Repeated(float(statistics.median(flat)), [float(statistics.median(rr)) for rr in rs], flat))
-    keep = [r for r in range(R) if r not in flagged]
-    paired = noise.paired_ratios([m.round_us for m in reps], reference, keep=keep)
-    report = {"noise_floor_pct": floor, "baseline_us": baseline, "limit_pct": limit, "after_round_us": after,
-              "drift_pct": [float(x) for x in noise.drift_pct(after, baseline)], "redone": redone,
-              "flagged_rounds": flagged, "paired_rounds": keep or list(range(R)), "paired": paired}
+            reps = measure_interleaved(traced, P, spec, rounds=rounds, steps=steps, warmup=warmup,
+                                       timeout_s=timeout_s, log=log, monitor=mon)
+        except BaseException:
+            # its session talks to the same workers: a lost one is not waited for at closing
+            sent.abandoned = sent.abandoned or any_silent(spec)
+            sent.failed = True
+            raise
+    report = mon.report()
+    report["paired"] = noise.paired_ratios([m.round_us for m in reps], reference, keep=report["paired_rounds"])
     return reps, report
