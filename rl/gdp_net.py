@@ -22,11 +22,11 @@ Example: the shipped network's logits for synthetic-160's groups on k80x4::
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from .errors import PolicyError
 from .features import N_BASE, OP_NUMERIC, TYPE_BUCKETS, AtomGraph, graph_inputs, group_features, op_features
 
 #: the norm every GraphSAGE layer's states are scaled to
@@ -71,14 +71,8 @@ def shapes(hidden: int, layers: int, group_layers: int, max_devices: int) -> lis
 
 def checked_weights(folder, cfg: dict, ws) -> Weights:
     """The :class:`Weights` of a saved gdp policy (``cfg`` and ``ws`` as
-    :func:`placetool.rl.policies.read` gives them); PolicyError names what does not fit."""
-    from .policies import GDP, PolicyError, Policy
-
-    known = {k for f in (GDP.__init__, Policy.__init__) for k, v in inspect.signature(f).parameters.items()
-             if k != "self" and v.kind is v.POSITIONAL_OR_KEYWORD}
-    unknown = sorted(set(cfg) - known)
-    if unknown:  # as building the policy would say
-        raise PolicyError(f"{folder}/policy.json: policy 'gdp': unknown option(s) {', '.join(unknown)}")
+    :func:`placetool.rl.policies.read` gives them); PolicyError names a size or shape that
+    does not fit (:func:`placetool.rl.policies.gdp_weights` also refuses unknown keys)."""
     try:
         dims = [int(cfg[k]) for k in ("hidden", "layers", "group_layers", "max_devices")]
         float(cfg["tanh_c"])
@@ -93,8 +87,6 @@ def checked_weights(folder, cfg: dict, ws) -> Weights:
 def check_devices(problem, max_devices: int) -> None:
     """PolicyError when ``problem``'s cluster has more devices than the network's slots."""
     if problem.n_devices > max_devices:
-        from .policies import PolicyError
-
         raise PolicyError(f"policy 'gdp' places on at most {max_devices} devices; cluster "
                           f"{problem.cluster.name!r} has {problem.n_devices}")
 
@@ -111,8 +103,6 @@ def op_inputs(atoms: AtomGraph) -> dict[str, np.ndarray]:
     """What gdp reads besides :func:`~placetool.rl.features.graph_inputs`: the op graph,
     each op's group, and the compute-time prior (log time on a device over the group's
     fastest allowed one)."""
-    from .policies import PolicyError
-
     if atoms.ops is None:
         raise PolicyError("policy 'gdp' needs op-level features (use policy.atoms_for(problem))")
     ops = atoms.ops

@@ -245,7 +245,7 @@ def _zero_shot_numpy(folder, policy, problem, tracker, cfg) -> dict:
 
     t0 = time.perf_counter()
     _, pcfg, meta, ws = policies.read(folder, expect_policy=policy, n_devices=problem.n_devices)
-    w = gdp_net.checked_weights(folder, pcfg, ws)
+    w = policies.gdp_weights(folder, pcfg, ws)
     atoms = gdp_net.atoms(problem, int(pcfg["max_devices"]))
     net = gdp_net.logits(gdp_net.NUMPY, w, gdp_net.inputs(atoms), float(pcfg["tanh_c"])).astype(np.float64)
     residual = policies.saved_residual(meta, problem, atoms)

@@ -26,19 +26,16 @@ from pathlib import Path
 
 import numpy as np
 
-from placetool.costmodel.errors import UserError, atomic_write
+from placetool.costmodel.errors import atomic_write
 
 from . import gdp_net
+from .errors import PolicyError  # also imported from here, as it was defined here before rl.errors
 from .features import N_BASE, OP_NUMERIC, TYPE_BUCKETS, AtomGraph, featurize, graph_inputs
 from .tfutil import tf as _tf
 
 FORMAT = "placetool.rl-policy"
 VERSION = 2
 NEG = -1e9
-
-
-class PolicyError(UserError):
-    """A policy cannot be built, loaded or used as asked."""
 
 
 # --------------------------------------------------------------------------- helpers
@@ -290,6 +287,20 @@ def read(folder, expect_policy: str | None = None,
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # missing, cut short, damaged
         raise PolicyError(f"{wpath}: cannot read weights ({type(e).__name__}: {e})") from None
     return kind, cfg, meta, ws
+
+
+def gdp_weights(folder, cfg: dict, ws) -> gdp_net.Weights:
+    """A saved gdp network's weights for :mod:`placetool.rl.gdp_net` (``cfg`` and ``ws`` as
+    :func:`read` gives them), without TensorFlow; PolicyError names what does not fit, an
+    unknown key as building the policy would."""
+    import inspect
+
+    known = {k for f in (GDP.__init__, Policy.__init__) for k, v in inspect.signature(f).parameters.items()
+             if k != "self" and v.kind is v.POSITIONAL_OR_KEYWORD}
+    unknown = sorted(set(cfg) - known)
+    if unknown:
+        raise PolicyError(f"{folder}/policy.json: policy 'gdp': unknown option(s) {', '.join(unknown)}")
+    return gdp_net.checked_weights(folder, cfg, ws)
 
 
 def fingerprint(problem, atoms: AtomGraph) -> dict:

@@ -446,6 +446,23 @@ def test_gdp_network_in_numpy_equals_tensorflow(graph, cluster, hidden):
     np.testing.assert_array_equal(mode, np.argmax(np.where(atoms.allowed, want, -np.inf), axis=1))
 
 
+def test_gdp_net_imports_nothing_of_policies():
+    """policies builds on gdp_net, so gdp_net imports none of policies (not even lazily):
+    the error both raise lives in rl.errors, and policies still exports it."""
+    import ast
+
+    from placetool.rl import errors, gdp_net, policies
+
+    names = set()
+    for node in ast.walk(ast.parse(Path(gdp_net.__file__).read_text())):
+        if isinstance(node, ast.ImportFrom):
+            names |= {node.module or ""} | {a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    assert not {n for n in names if n.split(".")[-1] == "policies"}, names
+    assert policies.PolicyError is errors.PolicyError
+
+
 @pytest.mark.timeout(120)
 def test_zero_shot_places_without_tensorflow(tmp_path):
     """One evaluation with the shipped gdp network runs its forward pass in numpy, so
