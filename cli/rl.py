@@ -99,7 +99,7 @@ def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps,
     set_seed(seed)
     pol = policies.make(policy, max(nd), seed=seed, residual=False)
     # without residual tables only the network learns: give it a larger step size
-    cfg = TrainConfig(samples=samples, lr=1e-3, baseline="loo", tasks_per_step=per_step)
+    cfg = TrainConfig.from_options({"samples": samples, "lr": 1e-3, "baseline": "loo", "tasks_per_step": per_step})
     t0 = time.perf_counter()
 
     def progress(step, out_):

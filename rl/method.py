@@ -15,7 +15,7 @@ samples move off that mode; False: learn from the network and compute-time prior
 alone), ``explore`` (with a warm start, how many groups a sample moves off the mode on
 average at first, default 3), plus policy knobs
 (``hidden``, ``max_groups``, ``n_groups``, ``tanh_c``, ``temperature``, ``layers``...)
-and trainer knobs (see :class:`placetool.rl.trainer.TrainConfig`; ``guide=0`` turns off the
+and trainer knobs (the flat keys of :class:`placetool.rl.config.TrainConfig`; ``guide=0`` turns off the
 exploration aimed at the critical path, :mod:`placetool.rl.guide`; ``min_moves=0`` lets
 the chance to leave the mode fall towards 0 as the policy learns, which stalls the search;
 fine-tuning a pre-trained gdp policy also scores each step's winners together, ``merge``,
@@ -129,7 +129,8 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
     """REINFORCE with a seq2seq / hierarchical / GDP policy; metadata says what it learnt."""
     from . import policies
     from .tfutil import set_seed, tf
-    from .trainer import TrainConfig, Trainer
+    from .config import TrainConfig
+    from .trainer import Trainer
 
     knobs = {k: options.pop(k) for k in list(options) if k in _POLICY_KNOBS}
     if policy is not None and policy not in policies.POLICIES:
@@ -178,7 +179,7 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
         if seeded is not None:
             start_us = tracker.best_step_us
     if kind == "gdp" and seeded is None and "residual_lr" not in options:
-        cfg.residual_lr = COLD_RESIDUAL_LR
+        cfg.update.residual_lr = COLD_RESIDUAL_LR
     label = f"{problem.graph.name}-{problem.cluster.name}-{pol.kind}-s{seed}"
     run_dir = run_folder(logdir, label) if logdir else None
     trainer = Trainer(pol, [problem], cfg, seed=seed, trackers=[tracker], logdir=run_dir, residuals=[residual])
@@ -211,13 +212,14 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
         source = "policy (no feasible placement found)"
     return {"policy": pol.kind, "atoms": atoms.n, "groups": problem.n_groups,
             "coarsened": atoms.n < problem.n_groups, "steps": summary["steps"],
-            "samples_per_step": cfg.samples, "init_from": str(folder) if folder is not None else None,
+            "samples_per_step": cfg.sampling.samples, "init_from": str(folder) if folder is not None else None,
             "logdir": str(run_dir) if run_dir else None, "warm_start": seeded,
             "warm_start_us": start_us, "mode_start_us": task.mode_start_us, "source": source,
             "vs_warm_start": (tracker.best_step_us / start_us) if start_us else None,
             "guide_updates": task.guide_updates, "improvements": dict(task.improvements),
-            "compound_samples": task.compound_samples, "merge": cfg.merge, "merged_samples": task.merged_samples,
-            "follow": cfg.follow, "compound_kinds": list(cfg.kinds()),
+            "compound_samples": task.compound_samples, "merge": cfg.compound.merge,
+            "merged_samples": task.merged_samples, "follow": cfg.sampling.follow,
+            "compound_kinds": list(cfg.compound.kind_names()),
             "kind_odds": task.odds.as_dict() if task.odds is not None and not zero_shot else None,
             "samples_per_second": summary["samples"] / max(summary["seconds"], 1e-9)}
 
@@ -257,11 +259,12 @@ def _zero_shot_numpy(folder, policy, problem, tracker, cfg) -> dict:
     fitted = int(np.count_nonzero(placed != mode))
     seconds = time.perf_counter() - t0
     return {"policy": "gdp", "atoms": atoms.n, "groups": problem.n_groups, "coarsened": False, "steps": 0,
-            "samples_per_step": cfg.samples, "init_from": str(folder), "logdir": None, "warm_start": None,
+            "samples_per_step": cfg.sampling.samples, "init_from": str(folder), "logdir": None, "warm_start": None,
             "warm_start_us": None, "mode_start_us": float(tracker.history[0][2]) if tracker.history else None,
             "source": _zero_shot_source(tracker, fitted), "vs_warm_start": None, "guide_updates": 0,
             "improvements": {"policy": 0, "compound": 0, "merged": 0}, "compound_samples": 0,
-            "merge": cfg.merge, "merged_samples": 0, "follow": cfg.follow, "compound_kinds": list(cfg.kinds()),
+            "merge": cfg.compound.merge, "merged_samples": 0, "follow": cfg.sampling.follow,
+            "compound_kinds": list(cfg.compound.kind_names()),
             "kind_odds": None, "samples_per_second": tracker.evaluations / max(seconds, 1e-9)}
 
 

@@ -19,96 +19,16 @@ too, so a pretrained policy's zero-shot placement is the first evaluation.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from placetool.costmodel.errors import UserError
 from placetool.costmodel.jitclock import work_clock
-from placetool.search.base import BudgetExhausted, Count, NonNegative, Positive, Share, Size, check_value
+from placetool.search.base import BudgetExhausted
 
+from .config import Compound, Sampling, TrainConfig, Update  # noqa: F401 (the trainer's knobs, imported from here too)
 from .tfutil import tf as _tf
-
-
-@dataclass
-class TrainConfig:
-    """Knobs of the REINFORCE trainer (all have working defaults)."""
-
-    samples: Count = 64         # K placements per step and problem
-    lr: NonNegative = 1e-4      # Adam learning rate of the network weights (0: frozen)
-    residual_lr: Positive = 0.05  # learning rate of the per-problem residual logits
-    residual_optimizer: str = "adam"  # adam | sgd (plain steps: rarely-sampled entries stay put)
-    clip_norm: Positive = 1.0   # global-norm gradient clipping
-    entropy: float = 0.01       # entropy bonus weight at the start ...
-    entropy_end: float | None = None  # ... and at the end of the budget (None: constant)
-    baseline: str = "ema"       # ema: moving average of batch means; loo: leave-one-out mean of the other samples
-    baseline_decay: Share = 0.9  # EMA decay of the reward baseline
-    ppo_epochs: Count = 1       # > 1: PPO-style clipped updates, this many passes over each batch
-    ppo_clip: Positive = 0.2    # ratio clip of the PPO objective
-    penalty: Positive | None = None  # reward of an infeasible placement is -penalty (None: adaptive)
-    greedy_every: Count = 10    # also score the greedy placement every N steps
-    guide: float = 0.0          # > 0 (>= 1): groups on the mode's critical path leave it this many times as
-    #                             often (rl.guide; frozen network, one atom per group); 0: off
-    guide_affinity: NonNegative = 1.0  # with guide: how strongly a leaving group goes where its neighbours are
-    min_moves: NonNegative = 0.0  # frozen network: samples leave the mode on at least this many atoms on
-    #                             average, the learnt leave-probabilities scaled up to it (0: no floor)
-    compound: Size = 0          # with guide: this many of the K samples per step are compound moves along the
-    #                             mode's critical path (a run of groups to one device, a transfer pulled onto one
-    #                             side, a swap; search.critical.CriticalMoves) instead of the policy's draws
-    compound_from: Share = 0.0  # with compound: draw them only while the spent fraction of the budget is
-    compound_until: Share = 1.0  # in [compound_from, compound_until)
-    compound_kinds: str = "chain,pull,swap"  # with compound: the kinds drawn (search.critical.CriticalMoves.KINDS)
-    compound_adapt: bool = False  # with compound: draw the kinds as sa does, half uniformly and half by how often
-    #                             each improved on the mode lately (search.annealing.KindOdds); False: uniformly
-    compound_slack: NonNegative | None = None  # with compound: a compound row teaches the table only if its step
-    #                             time is within this fraction above the best so far (0: only rows as good
-    #                             as the best; None: every row, as the policy's own draws)
-    widen_after: Count | None = None  # frozen network with a floor: after this many steps without a new best,
-    #                             double the floor (up to Trainer.WIDEN_MAX times); a new best resets it
-    follow: bool = False        # frozen network: the mode moves to a step's best row when that beats the mode
-    #                             (its logits trade places with the mode's, FrozenNetTable.adopt)
-    merge: bool = False         # with guide: the rows that beat the mode, on disjoint groups, are also scored
-    #                             together, one more row a step (a compound move made of the batch's winners;
-    #                             rl's default when it fine-tunes a pre-trained gdp policy)
-    tasks_per_step: Count | None = None  # multi-problem training: this many problems per step, in rotation
-    checkpoint_every: Count = 50  # steps between checkpoints (with a logdir)
-
-    @classmethod
-    def from_options(cls, options: dict) -> "TrainConfig":
-        names = {f.name for f in fields(cls)}
-        bad = sorted(set(options) - names)
-        if bad:
-            raise UserError(f"rl: unknown option(s) {', '.join(bad)} (known: {', '.join(sorted(names))})")
-        # each value of the kind its field's annotation names (a count >= 1, a share, ...)
-        return cls(**{k: check_value(f"rl: option {k!r}", f.type, options[k]) for f in fields(cls)
-                      if (k := f.name) in options})
-
-    def __post_init__(self):
-        """Checks across fields (:meth:`from_options` also checks each value's kind)."""
-        if self.baseline not in ("ema", "loo"):
-            raise UserError(f"rl: baseline must be 'ema' or 'loo', got {self.baseline!r}")
-        if self.baseline == "loo" and self.samples < 2:
-            raise UserError(f"rl: baseline 'loo' measures each sample against the others of its step, so samples "
-                            f"must be at least 2 (got {self.samples}); or give baseline=ema")
-        if self.residual_optimizer not in ("adam", "sgd"):
-            raise UserError(f"rl: residual_optimizer must be 'adam' or 'sgd', got {self.residual_optimizer!r}")
-        if not (self.guide == 0 or self.guide >= 1):
-            raise UserError(f"rl: guide must be 0 (off) or >= 1, got {self.guide!r}")
-        from placetool.search.critical import CriticalMoves
-
-        kinds = self.kinds()
-        bad = sorted(set(kinds) - set(CriticalMoves.KINDS))
-        if bad or not kinds:
-            raise UserError(f"rl: compound_kinds {self.compound_kinds!r}: unknown kind(s) "
-                            f"{', '.join(bad) or '(none given)'} (known: {', '.join(CriticalMoves.KINDS)})")
-        if not self.compound_from <= self.compound_until:
-            raise UserError(f"rl: compound_until must be a fraction of the budget in [compound_from, 1], "
-                            f"got {self.compound_until!r}")
-
-    def kinds(self) -> tuple[str, ...]:
-        """The compound kinds as a tuple."""
-        return tuple(k.strip() for k in str(self.compound_kinds).split(",") if k.strip())
 
 
 def _compiled_apply(opt, variables):
@@ -345,6 +265,22 @@ class _Task:
         return n, step, ok
 
 
+@dataclass
+class _Batch:
+    """One task's rows in one step: as drawn, then (once scored) the samples' results, the
+    mode's row (``with_greedy``) set apart in ``greedy_step``."""
+
+    with_greedy: bool
+    rows: np.ndarray | None = None    # the assignments to score (the mode first, with_greedy)
+    cflags: np.ndarray | None = None  # which rows are compound moves
+    acts: tuple = ()                  # the samples as the policy takes them (one array per output)
+    n: int = 0                        # samples scored (the budget may cut the batch short)
+    step: np.ndarray | None = None    # their step times and feasibility
+    ok: np.ndarray | None = None
+    best_before: float = np.inf       # the task's best before this step
+    greedy_step: float | None = None
+
+
 class Trainer:
     """REINFORCE on one or more problems (several: the GDP multi-graph pre-training)."""
 
@@ -356,29 +292,18 @@ class Trainer:
         self.seed = int(seed) & 0x7FFFFFFF
         trackers = trackers or [None] * len(problems)
         residuals = residuals or [None] * len(problems)
-        self.tasks = [_Task(policy, p, t, r, self.cfg.residual_lr, self.cfg.clip_norm, self.cfg.residual_optimizer)
+        u = self.cfg.update
+        self.tasks = [_Task(policy, p, t, r, u.residual_lr, u.clip_norm, u.residual_optimizer)
                       for p, t, r in zip(problems, trackers, residuals)]
-        frozen = self.cfg.lr == 0 and hasattr(policy, "net_logits") and self.cfg.ppo_epochs == 1
+        frozen = u.lr == 0 and hasattr(policy, "net_logits") and u.ppo_epochs == 1
         for ti, t in enumerate(self.tasks):
             t.frozen = _FrozenNetTable(policy, t) if frozen and len(t.residual_vars) == 1 else None
             if t.frozen is not None:
-                t.frozen.floor = float(self.cfg.min_moves)
-            one_per_group = np.array_equal(t.atoms.members, np.arange(t.problem.n_groups))
-            if self.cfg.guide and t.frozen is not None and one_per_group:
-                from .guide import CriticalPrior
-
-                t.guide = CriticalPrior(t.problem, self.cfg.guide, self.cfg.guide_affinity)
-                if self.cfg.compound:
-                    from placetool.search.critical import CriticalMoves
-
-                    t.moves = CriticalMoves(t.problem, np.random.default_rng([self.seed, 7919, ti]))
-                    if self.cfg.compound_adapt:
-                        from placetool.search.annealing import KindOdds
-
-                        t.odds = KindOdds(self.cfg.kinds())
+                t.frozen.floor = float(self.cfg.sampling.min_moves)
+                self._set_guide(t, ti)
         import keras
 
-        self.opt = keras.optimizers.Adam(float(self.cfg.lr), global_clipnorm=self.cfg.clip_norm)
+        self.opt = keras.optimizers.Adam(float(u.lr), global_clipnorm=u.clip_norm)
         self._apply = _compiled_apply(self.opt, self.policy.variables)
         self.step_no = 0
         self.logdir = Path(logdir) if logdir else None
@@ -390,6 +315,24 @@ class Trainer:
         self._limits = (None, None)
         self._grad = self.tf.function(self._grad_impl, reduce_retracing=True)
 
+    def _set_guide(self, t: _Task, ti: int) -> None:
+        """With ``guide``, on a frozen table of one atom per group: the critical-path
+        prior, and with ``compound`` the compound-move proposer (and its kind odds)."""
+        s, c = self.cfg.sampling, self.cfg.compound
+        if not (s.guide and np.array_equal(t.atoms.members, np.arange(t.problem.n_groups))):
+            return
+        from .guide import CriticalPrior
+
+        t.guide = CriticalPrior(t.problem, s.guide, s.guide_affinity)
+        if c.count:
+            from placetool.search.critical import CriticalMoves
+
+            t.moves = CriticalMoves(t.problem, np.random.default_rng([self.seed, 7919, ti]))
+            if c.adapt:
+                from placetool.search.annealing import KindOdds
+
+                t.odds = KindOdds(c.kind_names())
+
     # ------------------------------------------------------------------ pieces
     def _grad_impl(self, obs, actions, adv, old_logp, ent_w, extra_vars):
         tf = self.tf
@@ -399,7 +342,7 @@ class Trainer:
                 pg = adv * logp
             else:  # PPO: the clipped surrogate keeps later passes near the sampling policy
                 ratio = tf.exp(tf.clip_by_value(logp - old_logp, -20.0, 20.0))
-                c = self.cfg.ppo_clip
+                c = self.cfg.update.ppo_clip
                 pg = tf.minimum(ratio * adv, tf.clip_by_value(ratio, 1.0 - c, 1.0 + c) * adv)
             loss = -tf.reduce_mean(pg) - ent_w * tf.reduce_mean(ent)
         grads = tape.gradient(loss, self.policy.variables + extra_vars)
@@ -407,10 +350,11 @@ class Trainer:
 
     def entropy_weight(self) -> float:
         """The entropy bonus now: linear from ``entropy`` to ``entropy_end`` over the budget."""
-        if self.cfg.entropy_end is None:
-            return self.cfg.entropy
+        s = self.cfg.sampling
+        if s.entropy_end is None:
+            return s.entropy
         f = min(max(self.fraction(), 0.0), 1.0)
-        return (1 - f) * self.cfg.entropy + f * self.cfg.entropy_end
+        return (1 - f) * s.entropy + f * s.entropy_end
 
     def fraction(self) -> float:
         """How much of the budget is spent (0..1), from the first tracker or train()'s limits."""
@@ -452,16 +396,16 @@ class Trainer:
         r = -np.sqrt(np.where(ok, step, task.scale) / task.scale)
         if ok.any():
             task.worst = max(task.worst, float(-r[ok].min()))
-        pen = self.cfg.penalty if self.cfg.penalty is not None else 2.0 * task.worst
+        pen = self.cfg.update.penalty if self.cfg.update.penalty is not None else 2.0 * task.worst
         return np.where(ok, r, -pen)
 
     def advantages(self, task: _Task, r: np.ndarray) -> np.ndarray:
         """Centred, scaled rewards: against an EMA baseline, or (``baseline="loo"``) each
         sample against the mean of the other samples of its batch (unbiased, and it
         cancels the batch's common part exactly), scaled by the batch's spread (a lone sample: 0)."""
-        d = self.cfg.baseline_decay
+        d = self.cfg.update.baseline_decay
         m, s = float(r.mean()), float(r.std())
-        if self.cfg.baseline == "loo":
+        if self.cfg.update.baseline == "loo":
             task.baseline = m if task.baseline is None else d * task.baseline + (1 - d) * m
             if len(r) < 2:  # a lone sample (the budget cut its step short) has no others to be measured by
                 return np.zeros(len(r), np.float32)
@@ -477,103 +421,153 @@ class Trainer:
     # ------------------------------------------------------------------ steps
     def step(self) -> dict:
         """One REINFORCE step over every problem; returns scalars for logging."""
-        K = self.cfg.samples
         grads_sum, stats = None, []
-        chosen = range(len(self.tasks))
-        m = self.cfg.tasks_per_step
-        if m is not None and m < len(self.tasks):  # a rotating window: every problem as often
-            chosen = [(self.step_no * m + j) % len(self.tasks) for j in range(m)]
-        for ti in chosen:
+        for ti in self._chosen():
             task = self.tasks[ti]
-            seed = [self.seed, self.step_no * 1009 + ti]
-            fz = task.frozen
-            if task.guide is not None:
-                self._aim(task)
-            if fz and self.cfg.widen_after:
-                fz.floor = float(self.cfg.min_moves) * task.widen
-            with_greedy = self.step_no % max(self.cfg.greedy_every, 1) == 0
-            parts, compound = [], []
-            if with_greedy:
-                if task.guide is not None:  # _aim has just computed it
-                    mode = (task.guide_mode[None],)
-                else:
-                    mode = (fz.greedy(),) if fz else self.policy.greedy(task.obs)
-                parts.append(self.policy.assignment(task.atoms, mode))
-                compound.append(np.zeros(1, bool))
-            # a zero-shot call (one evaluation left) scores the mode only: no samples drawn
-            if not (with_greedy and task.tracker is not None and task.tracker.remaining_evals() <= 1):
-                actions = (fz.sample(K, seed),) if fz else self.policy.sample(task.obs, K, seed)
-                none_now = task.moves is None or not (self.cfg.compound_from <= self.fraction()
-                                                       < self.cfg.compound_until)
-                compound.append(np.zeros(K, bool) if none_now else self._compound(task, actions[0]))
-                parts.append(self.policy.assignment(task.atoms, actions))
-            A = np.concatenate(parts)
-            best_before = task.best
-            cflags = np.concatenate(compound)
-            n, step, ok = task.score(A, self.step_no, cflags)
-            self.samples_seen += n
-            if with_greedy:
-                greedy_step = float(step[0]) if ok[0] else np.inf
-                if self.step_no == 0 and task.mode_start_us is None:
-                    task.mode_start_us = float(step[0])
-                n, step, ok, cflags = n - 1, step[1:], ok[1:], cflags[1:]
-            if n <= 0:
+            b = self._draw(task, ti)
+            self._score(task, b)
+            if b.n <= 0:
                 continue
-            acts = tuple(a[:n] for a in actions)
             if task.odds is not None and task.row_kinds is not None:
-                self._record_kinds(task, step[:n], ok[:n])
-            if self.cfg.merge and task.guide is not None and fz:
-                merged = self._merged(task, acts[0], step[:n], ok[:n])
-                if merged is not None:
-                    m_n, m_step, m_ok = task.score(self.policy.assignment(task.atoms, (merged[None],)), self.step_no,
-                                                   origin="merged")
-                    self.samples_seen += m_n
-                    task.merged_samples += 1
-                    acts = (np.concatenate([acts[0], merged[None]]),)
-                    step, ok = np.concatenate([step[:n], m_step]), np.concatenate([ok[:n], m_ok])
-                    cflags = np.concatenate([cflags[:n], [True]])
-                    n += 1
-            if fz and self.cfg.widen_after:
-                if task.best < best_before:
-                    task.widen, task.stale = 1.0, 0
-                else:
-                    task.stale += 1
-                    if task.stale >= self.cfg.widen_after:
-                        task.widen = min(task.widen * 2, self.WIDEN_MAX)
-                        task.stale = 0
-            adv = self.advantages(task, self.rewards(task, step[:n], ok[:n]))
-            if self.cfg.compound_slack is not None:
-                # a compound row far from the best only sharpens the table around the mode (at 24
-                # of 32 rows such rows stalled nmt); near the best, it lets the mode move uphill,
-                # as sa's accepted moves do (gnmt4 needs that)
-                far = ~(ok[:n] & (step[:n] <= best_before * (1 + self.cfg.compound_slack)))
-                adv = np.where(cflags[:n] & far, np.float32(0), adv)
-            if fz:
-                ent = fz.update(acts[0], adv, self.cfg.residual_lr, self.entropy_weight())
-                loss = float("nan")
-                if self.cfg.follow:
-                    self._follow(task, acts[0], step[:n], ok[:n], best_before)
-            elif self.cfg.ppo_epochs > 1:  # several clipped passes over this batch, one task at a time
-                old = self.policy.logp_entropy(task.obs, acts)[0].numpy()
-                for _ in range(self.cfg.ppo_epochs):
-                    loss, ent, grads = self.gradients(task, acts, adv, old)
-                    self._apply(grads)
+                self._record_kinds(task, b.step, b.ok)
+            if self.cfg.compound.merge and task.guide is not None and task.frozen:
+                self._merge(task, b)
+            if task.frozen and self.cfg.sampling.widen_after:
+                self._widen(task, b.best_before)
+            adv = self._batch_advantages(task, b)
+            if task.frozen:
+                loss, ent = self._update_table(task, b, adv)
             else:
-                loss, ent, grads = self.gradients(task, acts, adv)
-                grads_sum = grads if grads_sum is None else [a + b for a, b in zip(grads_sum, grads)]
-            feas = step[:n][ok[:n]]
-            stats.append({"mean_step_us": float(feas.mean()) if feas.size else np.inf,
-                          "best_step_us": min(task.best, task.start_us if task.start_us is not None else np.inf),
-                          "policy_best_us": task.best, "entropy": float(ent), "baseline": float(task.baseline),
-                          "feasible": float(ok[:n].mean()), "loss": float(loss), "lower_bound_us": task.scale,
-                          **({"warm_start_us": task.start_us} if task.start_us is not None else {}),
-                          **({"greedy_step_us": greedy_step} if with_greedy else {})})
+                loss, ent, grads = self._update_network(task, b.acts, adv)
+                if grads is not None:
+                    grads_sum = grads if grads_sum is None else [x + y for x, y in zip(grads_sum, grads)]
+            stats.append(self._stats(task, b, loss, ent))
         if grads_sum is not None:
             self._apply(grads_sum)
         self.step_no += 1
-        out = {k: float(np.mean([s[k] for s in stats])) for k in (stats[0] if stats else {}) if all(k in s for s in stats)}
+        keys = stats[0] if stats else {}
+        out = {k: float(np.mean([s[k] for s in stats])) for k in keys if all(k in s for s in stats)}
         self.log(out)
         return out
+
+    def _chosen(self):
+        """The tasks of this step: all, or a rotating window of ``tasks_per_step`` (every problem as often)."""
+        m = self.cfg.tasks_per_step
+        if m is not None and m < len(self.tasks):
+            return [(self.step_no * m + j) % len(self.tasks) for j in range(m)]
+        return range(len(self.tasks))
+
+    def _draw(self, task: _Task, ti: int) -> _Batch:
+        """The task's rows for this step: the mode every ``greedy_every`` steps, then K
+        draws (of the frozen table, aimed by the guide, or of the policy), the first of
+        them compound moves while the budget's window for those is open."""
+        s, fz = self.cfg.sampling, task.frozen
+        if task.guide is not None:
+            self._aim(task)
+        if fz and s.widen_after:
+            fz.floor = float(s.min_moves) * task.widen
+        b = _Batch(self.step_no % max(s.greedy_every, 1) == 0)
+        parts, flags = [], []
+        if b.with_greedy:
+            if task.guide is not None:  # _aim has just computed it
+                mode = (task.guide_mode[None],)
+            else:
+                mode = (fz.greedy(),) if fz else self.policy.greedy(task.obs)
+            parts.append(self.policy.assignment(task.atoms, mode))
+            flags.append(np.zeros(1, bool))
+        # a zero-shot call (one evaluation left) scores the mode only: no samples drawn
+        if not (b.with_greedy and task.tracker is not None and task.tracker.remaining_evals() <= 1):
+            K, seed = s.samples, [self.seed, self.step_no * 1009 + ti]
+            b.acts = (fz.sample(K, seed),) if fz else self.policy.sample(task.obs, K, seed)
+            c = self.cfg.compound
+            none_now = task.moves is None or not (c.start <= self.fraction() < c.until)
+            flags.append(np.zeros(K, bool) if none_now else self._compound(task, b.acts[0]))
+            parts.append(self.policy.assignment(task.atoms, b.acts))
+        b.rows, b.cflags = np.concatenate(parts), np.concatenate(flags)
+        return b
+
+    def _score(self, task: _Task, b: _Batch) -> None:
+        """Score the rows; the mode's step time goes to ``b.greedy_step``, the samples' to ``b``."""
+        b.best_before = task.best
+        n, step, ok = task.score(b.rows, self.step_no, b.cflags)
+        self.samples_seen += n
+        cflags = b.cflags
+        if b.with_greedy:
+            b.greedy_step = float(step[0]) if ok[0] else np.inf
+            if self.step_no == 0 and task.mode_start_us is None:
+                task.mode_start_us = float(step[0])
+            n, step, ok, cflags = n - 1, step[1:], ok[1:], cflags[1:]
+        b.n = n
+        if n > 0:  # the budget may have cut the batch short
+            b.step, b.ok, b.cflags = step[:n], ok[:n], cflags[:n]
+            b.acts = tuple(a[:n] for a in b.acts)
+
+    def _merge(self, task: _Task, b: _Batch) -> None:
+        """Score the step's winners merged into one row (``merge``), and add it to the batch."""
+        merged = self._merged(task, b.acts[0], b.step, b.ok)
+        if merged is None:
+            return
+        m_n, m_step, m_ok = task.score(self.policy.assignment(task.atoms, (merged[None],)), self.step_no,
+                                       origin="merged")
+        self.samples_seen += m_n
+        task.merged_samples += 1
+        b.acts = (np.concatenate([b.acts[0], merged[None]]),)
+        b.step, b.ok = np.concatenate([b.step, m_step]), np.concatenate([b.ok, m_ok])
+        b.cflags = np.concatenate([b.cflags, [True]])
+        b.n += 1
+
+    def _widen(self, task: _Task, best_before: float) -> None:
+        """Double the floor after ``widen_after`` steps without a new best; a new best resets it."""
+        if task.best < best_before:
+            task.widen, task.stale = 1.0, 0
+        else:
+            task.stale += 1
+            if task.stale >= self.cfg.sampling.widen_after:
+                task.widen = min(task.widen * 2, self.WIDEN_MAX)
+                task.stale = 0
+
+    def _batch_advantages(self, task: _Task, b: _Batch) -> np.ndarray:
+        """The samples' advantages; with ``compound_slack``, 0 for compound rows far from the best."""
+        adv = self.advantages(task, self.rewards(task, b.step, b.ok))
+        slack = self.cfg.compound.slack
+        if slack is not None:
+            # a compound row far from the best only sharpens the table around the mode (at 24
+            # of 32 rows such rows stalled nmt); near the best, it lets the mode move uphill,
+            # as sa's accepted moves do (gnmt4 needs that)
+            far = ~(b.ok & (b.step <= b.best_before * (1 + slack)))
+            adv = np.where(b.cflags & far, np.float32(0), adv)
+        return adv
+
+    def _update_table(self, task: _Task, b: _Batch, adv) -> tuple[float, float]:
+        """The frozen network's step: closed form on the residual table, then ``follow``;
+        returns (loss: nan, entropy)."""
+        ent = task.frozen.update(b.acts[0], adv, self.cfg.update.residual_lr, self.entropy_weight())
+        if self.cfg.sampling.follow:
+            self._follow(task, b.acts[0], b.step, b.ok, b.best_before)
+        return float("nan"), ent
+
+    def _update_network(self, task: _Task, acts, adv):
+        """(loss, entropy, gradients) of the network: plain REINFORCE's gradients are
+        returned to be summed over the step's tasks; PPO's passes (``ppo_epochs`` > 1) are
+        applied here, one task at a time, and return no gradients."""
+        if self.cfg.update.ppo_epochs <= 1:
+            return self.gradients(task, acts, adv)
+        old = self.policy.logp_entropy(task.obs, acts)[0].numpy()
+        for _ in range(self.cfg.update.ppo_epochs):
+            loss, ent, grads = self.gradients(task, acts, adv, old)
+            self._apply(grads)
+        return loss, ent, None
+
+    @staticmethod
+    def _stats(task: _Task, b: _Batch, loss, ent) -> dict:
+        """One task's scalars for the step's log."""
+        feas = b.step[b.ok]
+        return {"mean_step_us": float(feas.mean()) if feas.size else np.inf,
+                "best_step_us": min(task.best, task.start_us if task.start_us is not None else np.inf),
+                "policy_best_us": task.best, "entropy": float(ent), "baseline": float(task.baseline),
+                "feasible": float(b.ok.mean()), "loss": float(loss), "lower_bound_us": task.scale,
+                **({"warm_start_us": task.start_us} if task.start_us is not None else {}),
+                **({"greedy_step_us": b.greedy_step} if b.with_greedy else {})}
 
     #: the most the floor widens (``widen_after``): 8 x ``min_moves`` groups leave the mode per sample
     WIDEN_MAX = 8.0
@@ -586,10 +580,10 @@ class Trainer:
 
         The table then learns from these rows as from its own draws (no importance
         weights, as with the exploration floor): a winning compound move moves the mode."""
-        kinds, rng = self.cfg.kinds(), task.moves.rng
+        kinds, rng = self.cfg.compound.kind_names(), task.moves.rng
         replaced = np.zeros(len(acts), bool)
         task.row_kinds = [None] * len(acts)
-        for j in range(min(self.cfg.compound, len(acts))):
+        for j in range(min(self.cfg.compound.count, len(acts))):
             kind = task.odds.draw(rng) if task.odds is not None else kinds[rng.integers(len(kinds))]
             a = task.moves.propose(task.guide_mode, task.guide.path, kind)
             if a is not None:
@@ -687,7 +681,7 @@ class Trainer:
                 "graphs": [t.problem.graph.name for t in self.tasks],
                 "clusters": sorted({t.problem.cluster.name for t in self.tasks}),
                 "best_step_us": {t.problem.graph.name: t.best for t in self.tasks},
-                "train_config": asdict(self.cfg)}
+                "train_config": self.cfg.options()}
 
     def train(self, steps: int | None = None, seconds: float | None = None, done=None) -> dict:
         """Step until ``steps`` or ``seconds`` or ``done()`` or the tracker's budget ends."""

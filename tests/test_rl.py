@@ -75,13 +75,13 @@ def _greedy_step(trainer):
 @pytest.mark.parametrize("kind", ["seq2seq", "hierarchical", "gdp"])
 def test_policy_reaches_brute_force_optimum(tiny, kind):
     from placetool.rl import policies
-    from placetool.rl.trainer import TrainConfig, Trainer
+    from placetool.rl.trainer import Sampling, TrainConfig, Trainer
 
     p, best = tiny
     assert best < 0.8 * p.cost_model.simulate(p.cost_model.single_device(1)).step_time_us  # parallel pays
     knobs = {"n_groups": 6} if kind == "hierarchical" else {}
     pol = policies.make(kind, p.n_devices, seed=0, hidden=32, **knobs)
-    tr = Trainer(pol, [p], TrainConfig(samples=32), seed=0)
+    tr = Trainer(pol, [p], TrainConfig(Sampling(samples=32)), seed=0)
     for _ in range(200):
         tr.step()
         if tr.step_no % 5 == 0 and _greedy_step(tr) <= best * (1 + 1e-9):
@@ -162,11 +162,12 @@ def test_gdp_one_policy_places_on_any_cluster_size():
 @pytest.mark.parametrize("kind", ["seq2seq", "gdp"])
 def test_gradient_step_raises_logp_of_better_sample(tiny, kind):
     from placetool.rl import policies
-    from placetool.rl.trainer import TrainConfig, Trainer
+    from placetool.rl.trainer import Sampling, TrainConfig, Trainer, Update
 
     p, _ = tiny
     pol = policies.make(kind, p.n_devices, seed=1, hidden=32, residual=False)
-    tr = Trainer(pol, [p], TrainConfig(samples=8, lr=1e-4), seed=1)  # a small step: first order holds
+    # a small step: first order holds
+    tr = Trainer(pol, [p], TrainConfig(Sampling(samples=8), update=Update(lr=1e-4)), seed=1)
     task = tr.tasks[0]
     acts = pol.sample(task.obs, 8, [1, 2])
     before = pol.logp_entropy(task.obs, acts)[0].numpy()
@@ -181,12 +182,12 @@ def test_gradient_step_raises_logp_of_better_sample(tiny, kind):
 @pytest.mark.timeout(60)
 def test_save_load_same_greedy_placement(tiny, tmp_path):
     from placetool.rl import policies
-    from placetool.rl.trainer import TrainConfig, Trainer
+    from placetool.rl.trainer import Sampling, TrainConfig, Trainer
 
     p, _ = tiny
     for kind in ("seq2seq", "gdp"):
         pol = policies.make(kind, p.n_devices, seed=2, hidden=32)
-        tr = Trainer(pol, [p], TrainConfig(samples=16), seed=2)
+        tr = Trainer(pol, [p], TrainConfig(Sampling(samples=16)), seed=2)
         for _ in range(2):
             tr.step()
         before = _greedy_step(tr)
@@ -216,12 +217,14 @@ def test_user_errors(tiny, tmp_path):
         run("rl", p, Budget(evals=8), seed=0, samples=1)
     assert run("rl", p, Budget(evals=8), seed=0, samples=1, baseline="ema").evaluations == 8
     # the same checks hold for a configuration built in Python
-    from placetool.rl.trainer import TrainConfig
+    from placetool.rl.trainer import Compound, Sampling, TrainConfig, Update
 
     with pytest.raises(UserError, match="samples must be at least 2"):
-        TrainConfig(samples=1, baseline="loo")
+        TrainConfig(Sampling(samples=1), update=Update(baseline="loo"))
     with pytest.raises(UserError, match="compound_kinds 'chain,nope': unknown kind.s. nope"):
-        TrainConfig(compound_kinds="chain,nope")
+        TrainConfig(compound=Compound(kinds="chain,nope"))
+    with pytest.raises(UserError, match="samples must be at least 2"):  # the flat keys, as --option gives them
+        TrainConfig.from_options({"samples": 1, "baseline": "loo"})
     pol = policies.make("gdp", p.n_devices, hidden=16)
     pol.save(tmp_path / "pol")
     policies.make("seq2seq", p.n_devices, hidden=16).save(tmp_path / "s2s")
@@ -232,6 +235,33 @@ def test_user_errors(tiny, tmp_path):
         run("rl", p, Budget(evals=8), seed=0, init_from=str(tmp_path / "pol"), policy="seq2seq")
     with pytest.raises(UserError, match="no saved policy"):
         run("rl", p, Budget(evals=8), seed=0, init_from=str(tmp_path / "missing"))
+
+
+def test_train_config_groups_read_the_flat_keys():
+    """TrainConfig's groups take every flat key the command line's --option has always
+    named, write them back, and read the train_config a saved policy records."""
+    from placetool.rl.config import TrainConfig
+    from placetool.rl.method import bundled_policy
+
+    flat = ("samples lr residual_lr residual_optimizer clip_norm entropy entropy_end baseline baseline_decay "
+            "ppo_epochs ppo_clip penalty greedy_every guide guide_affinity min_moves compound compound_from "
+            "compound_until compound_kinds compound_adapt compound_slack widen_after follow merge tasks_per_step "
+            "checkpoint_every").split()
+    assert sorted(TrainConfig().options()) == sorted(flat)
+    given = {"samples": 8, "compound": 4, "compound_from": 0.25, "compound_until": 0.75, "compound_kinds": "chain",
+             "compound_adapt": True, "compound_slack": 0.1, "merge": True, "follow": True, "widen_after": 3,
+             "residual_optimizer": "sgd", "baseline": "loo", "ppo_clip": 0.3, "tasks_per_step": 2}
+    cfg = TrainConfig.from_options(given)
+    assert (cfg.compound.count, cfg.compound.start, cfg.compound.until, cfg.compound.kind_names()) == (4, 0.25, 0.75,
+                                                                                                       ("chain",))
+    assert cfg.compound.merge and cfg.sampling.follow and cfg.update.ppo_clip == 0.3 and cfg.tasks_per_step == 2
+    assert {k: cfg.options()[k] for k in given} == given and TrainConfig.from_options(cfg.options()) == cfg
+    saved = json.loads((bundled_policy("gdp") / "policy.json").read_text())["train_config"]
+    assert {k: v for k, v in TrainConfig.from_options(saved).options().items() if k in saved} == saved
+    with pytest.raises(UserError, match=r"rl: option 'compound_until' must be a number from 0 to 1, got 2"):
+        TrainConfig.from_options({"compound_until": 2})
+    with pytest.raises(UserError, match=r"compound_until must be a fraction of the budget in \[compound_from, 1\]"):
+        TrainConfig.from_options({"compound_from": 0.5, "compound_until": 0.25})
 
 
 @pytest.mark.timeout(60)
@@ -589,10 +619,10 @@ def test_loo_advantage_of_a_lone_sample_is_zero(tiny):
     """Each sample is measured against the mean of the others in its batch, over the
     batch's spread; a batch of one (the budget cut its step short) has no others: 0."""
     from placetool.rl import policies
-    from placetool.rl.trainer import TrainConfig, Trainer
+    from placetool.rl.trainer import TrainConfig, Trainer, Update
 
     p, _ = tiny
-    tr = Trainer(policies.make("gdp", p.n_devices, seed=0, hidden=16), [p], TrainConfig(baseline="loo"))
+    tr = Trainer(policies.make("gdp", p.n_devices, seed=0, hidden=16), [p], TrainConfig(update=Update(baseline="loo")))
     t = tr.tasks[0]
     assert tr.advantages(t, np.array([-1.0])).tolist() == [0.0] and t.baseline == -1.0
     # others' means -2.5, -2, -1.5; spread sqrt(2/3)
@@ -791,7 +821,7 @@ def test_rl_compound_samples_are_moves_along_the_modes_critical_path():
 
     p = Problem(CostModel(presets.load_graph("synthetic-40"), presets.load_cluster("k80x4")))
     pol = policies.make("gdp", p.n_devices, seed=0, hidden=16)
-    tr = Trainer(pol, [p], TrainConfig(lr=0.0, guide=16.0, compound=6, samples=10), seed=0)
+    tr = Trainer(pol, [p], TrainConfig.from_options(dict(lr=0.0, guide=16.0, compound=6, samples=10)), seed=0)
     task = tr.tasks[0]
     tr._aim(task)
     mode = task.guide_mode
@@ -854,8 +884,8 @@ def test_rl_compound_slack_leaves_rows_far_from_the_best_out_of_the_update():
     seen = {}
     for slack in (None, 0.0, 1e9):
         pol = policies.make("gdp", p.n_devices, seed=0, hidden=16)
-        cfg = TrainConfig(lr=0.0, guide=16.0, compound=8, samples=8, entropy=0.0, baseline="loo",
-                          residual_optimizer="sgd", residual_lr=1.0, compound_slack=slack)
+        cfg = TrainConfig.from_options(dict(lr=0.0, guide=16.0, compound=8, samples=8, entropy=0.0, baseline="loo",
+                                            residual_optimizer="sgd", residual_lr=1.0, compound_slack=slack))
         tr = Trainer(pol, [p], cfg, seed=0)
         task = tr.tasks[0]
         task.best = 1.0  # a best (1 µs) that no placement comes within any sane slack of
@@ -906,8 +936,8 @@ def test_rl_floor_widens_while_no_new_best_is_found(tiny):
 
     p, _ = tiny
     pol = policies.make("gdp", p.n_devices, seed=0, hidden=16)
-    cfg = TrainConfig(lr=0.0, guide=16.0, min_moves=0.5, widen_after=2, samples=8, baseline="loo",
-                      residual_optimizer="sgd", residual_lr=20.0, entropy=0.0)
+    cfg = TrainConfig.from_options(dict(lr=0.0, guide=16.0, min_moves=0.5, widen_after=2, samples=8, baseline="loo",
+                                        residual_optimizer="sgd", residual_lr=20.0, entropy=0.0))
     tr = Trainer(pol, [p], cfg, seed=0)
     task = tr.tasks[0]
     floors, bests = [], []
@@ -989,7 +1019,8 @@ def test_rl_compound_kinds_and_their_odds():
 
     p = Problem(CostModel(presets.load_graph("synthetic-40"), presets.load_cluster("k80x4")))
     pol = policies.make("gdp", p.n_devices, seed=0, hidden=16)
-    cfg = TrainConfig(lr=0.0, guide=16.0, compound=6, samples=10, compound_kinds="chain, region", compound_adapt=True)
+    cfg = TrainConfig.from_options(dict(lr=0.0, guide=16.0, compound=6, samples=10, compound_kinds="chain, region",
+                                        compound_adapt=True))
     tr = Trainer(pol, [p], cfg, seed=0)
     task = tr.tasks[0]
     tr._aim(task)
