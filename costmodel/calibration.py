@@ -393,7 +393,7 @@ def with_transfer_params(cluster, params: dict, kinds=("cpu",)):
              + np.where(fit, params["recv_us_per_byte"], 0.0)[None, :])
     pb = np.maximum(link_pb - moved, 0.1 * link_pb)
     bw = np.divide(1.0, pb, out=np.full((D, D), np.inf), where=pb > 0)
-    return Cluster(cluster.name, devices, lat, bw, dict(cluster.metadata))
+    return Cluster(cluster.name, devices, lat, bw, dict(cluster.metadata), cluster.link_queue)
 
 
 @dataclass

@@ -22,6 +22,8 @@ A cluster file looks like::
     latency_us = 10.0
     bandwidth_bytes_per_us = 1.2e4
 
+    # queue = "fifo"                     # optional: "fifo" (default) or "none", see below
+
     [[links.pairs]]                      # optional overrides, one direction each
     src = "gpu:0"
     dst = "gpu:1"
@@ -32,6 +34,13 @@ A cluster file looks like::
 The four ``send``/``recv`` figures are the compute-queue time a transfer costs its
 sending and receiving device on top of the link time (serialisation, Send/Recv kernels);
 0 for devices whose copy engines overlap transfers with compute.
+
+``links.queue`` says whether transfers on one directed link wait for each other:
+``"fifo"`` (the default), one at a time, first queued first served, as one copy engine
+per direction serves them (a GPU's host copies: benchmarks/gpu_copy_engines.py); ``"none"``,
+each takes its own latency + bytes / bandwidth from when it is sent, whatever else is in
+flight, as gRPC serves the RecvTensor calls of TensorFlow workers side by side (traced
+steps: docs/explain.md).
 
 Units: microseconds, bytes, FLOPs.
 """
@@ -83,6 +92,8 @@ class Device:
 DEVICE_KEYS = frozenset(f.name for f in fields(Device))
 TOP_KEYS = frozenset({"name", "devices", "links", "metadata"})
 LINK_KEYS = frozenset({"latency_us", "bandwidth_bytes_per_us"})
+#: how transfers on one directed link share it (``links.queue``; see the module docstring)
+LINK_QUEUES = ("fifo", "none")
 #: limits on a cluster file's figures: memory sums stay in int64, op and transfer times finite
 MAX_MEMORY = 1 << 60
 MAX_LATENCY_US = 1e12
@@ -111,6 +122,13 @@ class Cluster:
     latency_us: np.ndarray
     bandwidth_bytes_per_us: np.ndarray
     metadata: dict = field(default_factory=dict)
+    #: ``fifo``: transfers on one directed link run one at a time; ``none``: side by side
+    link_queue: str = "fifo"
+
+    def __post_init__(self):
+        if self.link_queue not in LINK_QUEUES:
+            raise ClusterError(f"cluster {self.name!r}: links.queue must be one of "
+                               f"{', '.join(map(repr, LINK_QUEUES))}, got {self.link_queue!r}")
 
     @property
     def n_devices(self) -> int:
@@ -211,7 +229,11 @@ class Cluster:
         links = d.get("links", {})
         if not isinstance(links, dict):
             raise ClusterError(f"{source}: 'links' must be a table")
-        _known(links, {"default", "pairs"}, f"{source}: links")
+        _known(links, {"default", "pairs", "queue"}, f"{source}: links")
+        queue = links.get("queue", "fifo")
+        if queue not in LINK_QUEUES:
+            raise ClusterError(f"{source}: links.queue must be one of {', '.join(map(repr, LINK_QUEUES))}, "
+                               f"got {queue!r}")
         default = links.get("default")
         if not isinstance(default, dict):
             raise ClusterError(f"{source}: needs [links.default] with latency_us and bandwidth_bytes_per_us")
@@ -244,6 +266,7 @@ class Cluster:
             latency_us=np.ascontiguousarray(lat, np.float64),
             bandwidth_bytes_per_us=np.ascontiguousarray(bw, np.float64),
             metadata=dict(d.get("metadata", {})),
+            link_queue=queue,
         )
 
     def to_dict(self) -> dict:
@@ -280,6 +303,8 @@ class Cluster:
             ],
             "links": {"default": {"latency_us": float(lat0), "bandwidth_bytes_per_us": float(bw0)}},
         }
+        if self.link_queue != "fifo":
+            out["links"]["queue"] = self.link_queue
         if pairs:
             out["links"]["pairs"] = pairs
         return out

@@ -280,6 +280,7 @@ class Net(NamedTuple):
     bandwidth: np.ndarray  # float64 [D, D]
     xcost: np.ndarray  # float64 [4, D]: send_us, send_us_per_byte, recv_us, recv_us_per_byte
     has_tasks: bool  # some device has a nonzero send/receive cost
+    fifo_links: bool  # transfers on one link run one at a time (cluster.link_queue "fifo"), else side by side
 
 
 def make_net(graph, cluster, T) -> Net:
@@ -298,6 +299,7 @@ def make_net(graph, cluster, T) -> Net:
         tensor_cons=a(c.tensor_cons), ctrl_ptr=a(c.ctrl_ptr), ctrl_dst=a(c.ctrl_dst), in_ptr=a(c.in_ptr),
         in_tensor=a(c.in_tensor), n_inputs=a(c.n_inputs), latency=a(cluster.latency_us, np.float64),
         bandwidth=a(cluster.bandwidth_bytes_per_us, np.float64), xcost=xcost, has_tasks=bool(np.any(xcost != 0)),
+        fifo_links=cluster.link_queue == "fifo",
     )
 
 
@@ -352,13 +354,15 @@ class Work(NamedTuple):
     rq_unsorted: np.ndarray  # bool [D] the device's ready queue needs readyq_sort before its next pop
 
 
-def make_work(n, nt, n_data, D):
+def make_work(n, nt, n_data, D, fifo_links=True):
     """A Work for graphs of n ops, nt tensors and n_data data edges on D devices."""
     n1 = max(n, 1)
     m = max(n_data, 1)
     L = D * D
     cap = n + 3 * n_data + 1
-    E = 2 * D + L + 1  # pending events: at most one per device and one per link, plus time_bits' free slot
+    # pending events: at most one per device, one per link (links that do not queue: one
+    # per transfer in flight), plus time_bits' free slot
+    E = 2 * D + (L if fifo_links else max(L, m)) + 1
     ip = np.int32  # half the memory traffic of intp (see the module docstring)
     return Work(
         np.zeros(D, np.int64), np.zeros(D, np.int64), np.zeros(D, np.int64), np.zeros(D), np.zeros(D, np.bool_),
@@ -379,7 +383,7 @@ def make_work(n, nt, n_data, D):
 def work_for(net: Net) -> Work:
     """A Work sized for ``net``."""
     n, D = net.T.shape
-    return make_work(n, net.tensor_op.shape[0], net.tensor_cons.shape[0], D)
+    return make_work(n, net.tensor_op.shape[0], net.tensor_cons.shape[0], D, net.fifo_links)
 
 
 class Checkpoints(NamedTuple):
@@ -570,7 +574,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     tensor_op, tensor_bytes, op_tensor_ptr = net.tensor_op, net.tensor_bytes, net.op_tensor_ptr
     tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst = net.tensor_ptr, net.tensor_cons, net.ctrl_ptr, net.ctrl_dst
     in_ptr, in_tensor, latency, bandwidth, xcost = net.in_ptr, net.in_tensor, net.latency, net.bandwidth, net.xcost
-    has_tasks = net.has_tasks
+    has_tasks, fifo_links = net.has_tasks, net.fifo_links
     lat_l, bw_l = latency.reshape(-1), bandwidth.reshape(-1)  # by link l = src * D + dst
     live, livepeak, seg, busy, running = w.live, w.livepeak, w.seg, w.busy, w.running
     rq, rq_base, rq_size = w.rq, w.rq_base, w.rq_size
@@ -685,12 +689,14 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
         for k in range(n_pending):
             l = pending[U64(k)]
             link_pending[U64(l)] = False
-            if not link_busy[U64(l)] and link_head[U64(l)] >= 0:
+            # reference.dispatch: a fifo link starts its oldest transfer when idle, a link
+            # that does not queue every transfer queued on it
+            while link_head[U64(l)] >= 0 and not (fifo_links and link_busy[U64(l)]):
                 x = link_head[U64(l)]
                 link_head[U64(l)] = x_next[U64(x)]
                 if link_head[U64(l)] < 0:
                     link_tail[U64(l)] = -1
-                link_busy[U64(l)] = True
+                link_busy[U64(l)] = fifo_links
                 dd = x_dst[U64(x)]
                 b = tensor_bytes[U64(x_tensor[U64(x)])]
                 t_end = now + (lat_l[U64(l)] + b / bw_l[U64(l)])

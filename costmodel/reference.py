@@ -17,8 +17,9 @@ bit-identical numbers. The rules (also in docs/simulator.md):
 - A tensor needed on another device is sent once per (tensor, destination), in up to
   three stages: a send task on the source device (``send_us + bytes *
   send_us_per_byte`` of that device), ready when the producer ends; the link transfer
-  (transfers on one directed link run one at a time, first queued first served, and
-  take ``latency + bytes / bandwidth``); a receive task on the destination
+  (``latency + bytes / bandwidth``; with the cluster's ``link_queue`` ``"fifo"``
+  transfers on one directed link run one at a time, first queued first served, with
+  ``"none"`` each starts as soon as it is queued); a receive task on the destination
   (``recv_us + bytes * recv_us_per_byte``), ready when the link transfer ends. The
   tensor is on the destination when the last stage ends. A send or receive stage of
   duration exactly 0 is skipped: no task is made, and the next stage starts from the
@@ -66,6 +67,7 @@ def simulate(graph, T, placement, cluster) -> RefResult:
     D = T.shape[1]
     latency_us, bandwidth = cluster.latency_us, cluster.bandwidth_bytes_per_us
     devs = cluster.devices
+    fifo = cluster.link_queue == "fifo"
     p = [int(x) for x in placement]
     rank = [int(x) for x in graph.topo_rank]
     tensor_op = [int(x) for x in graph.tensor_op]
@@ -145,7 +147,7 @@ def simulate(graph, T, placement, cluster) -> RefResult:
                     tasks.append((kind, i, d, now, now + dur))
                     heapq.heappush(events, (now + dur, SEND_DONE if kind == SEND else RECV_DONE, i, i))
         for (s, d), q in sorted(link_queue.items()):
-            if not link_busy.get((s, d), False) and q:
+            while q and not (fifo and link_busy.get((s, d), False)):
                 x = q.pop(0)
                 tr = transfers[x]
                 link_busy[(s, d)] = True

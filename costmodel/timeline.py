@@ -453,13 +453,13 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
     this trace measured; no device-side transfer cost), else ``cluster``'s link and
     device transfer model (e.g. a calibrated one) — then what differs is the error of
     that model's communication parameters as well as of the rules. ``links``: ``"fifo"``
-    runs the simulator itself (transfers on one directed link one at a time);
-    ``"concurrent"`` the same list schedule with every transfer a plain delay of
-    latency + bytes / bandwidth that never waits for another (as gRPC runs RecvTensor
-    calls side by side), and no device-side transfer cost; the two differ by what the
-    link queue alone costs; ``"traced"`` that schedule with each transfer taking its own
-    traced delivery time, arrival - producer end (control messages too), so only op order and the runtime's gaps
-    remain unmodelled. ``ready_us`` is added to every traced op (the runtime's gap
+    runs the simulator with transfers on one directed link one at a time (links.queue
+    "fifo"); ``"concurrent"`` runs it with transfers side by side, each taking latency +
+    bytes / bandwidth from when it is sent (links.queue "none", as gRPC runs RecvTensor
+    calls); the two differ by what the link queue alone costs; ``"traced"`` runs the
+    simulator's list schedule (:func:`list_schedule`) with each transfer taking its own
+    traced delivery time, arrival - producer end (control messages too), so only op
+    order and the runtime's gaps remain unmodelled. ``ready_us`` is added to every traced op (the runtime's gap
     per op, which op durations omit). Control edges across devices cost nothing in
     the first two; the trace's zero-byte control messages are counted in ``control_transfers``.
 
@@ -482,17 +482,19 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
     reason = cm.violation(p)
     if reason:
         raise TimelineError(f"cannot replay: {reason}")
-    if links == "fifo":
+    if links != "traced":
+        if cl.link_queue != {"fifo": "fifo", "concurrent": "none"}[links]:
+            from dataclasses import replace
+
+            cm = CostModel(g, replace(cl, link_queue="none" if links == "concurrent" else "fifo"), op_times=T)
         ms = float(cm.simulate(p).step_time_us)
     else:
-        wire = None
-        if links == "traced":
-            wire = {}
-            w = st.delivery_us
-            for x in range(st.n_transfers):
-                if st.x_producer[x] >= 0 and np.isfinite(w[x]):
-                    key = (int(st.x_producer[x]), int(st.x_dst[x]), bool(st.x_control[x]))
-                    wire[key] = max(wire.get(key, 0.0), max(float(w[x]), 0.0))
+        wire = {}
+        w = st.delivery_us
+        for x in range(st.n_transfers):
+            if st.x_producer[x] >= 0 and np.isfinite(w[x]):
+                key = (int(st.x_producer[x]), int(st.x_dst[x]), bool(st.x_control[x]))
+                wire[key] = max(wire.get(key, 0.0), max(float(w[x]), 0.0))
         ms = float(list_schedule(g, dur, p, cl.latency_us, cl.bandwidth_bytes_per_us, wire)[1].max(initial=0.0))
     meas = st.span_us
     return {"replay_us": ms, "measured_us": meas,

@@ -56,6 +56,33 @@ def same_as_reference(cm, p, r):
 
 
 # ---------------------------------------------------------------- hand-computed
+@pytest.mark.parametrize("queue, want", [("fifo", 37.0), ("none", 22.0)])
+def test_two_transfers_on_one_link_queue_only_on_a_fifo_link(queue, want):
+    """a (d0, 1 µs) sends 100 bytes to b and 50 to c (both d1, 1 µs each); links: 10 µs
+    + bytes / 10 per µs. fifo: x0 runs 1-21, then x1 21-36; b 21-22, c 36-37: 37 µs.
+    none: x0 runs 1-21 and x1 1-16 side by side; c 16-17, b 21-22: 22 µs."""
+    cm = model({"a": 0, "b": 0, "c": 0},
+               [("a", "b", {"output": 0, "bytes": 100}), ("a", "c", {"output": 1, "bytes": 50})],
+               [[1, 1], [1, 1], [1, 1]], latency=10.0, bandwidth=10.0, link_queue=queue)
+    r = run(cm, [0, 1, 1])
+    assert r.step_time_us == want
+    spans = sorted(zip(r.trace.x_start, r.trace.x_end))
+    assert spans == ([(1.0, 21.0), (21.0, 36.0)] if queue == "fifo" else [(1.0, 16.0), (1.0, 21.0)])
+    # a received copy is held from its transfer's start to its consumer's end: both at
+    # once from 1 to 16 without a queue, from 21 to 22 (b still running) with one
+    assert r.peak_memory_bytes[1] == 150
+
+
+def test_link_queue_round_trips_and_is_checked(tmp_path):
+    c = cluster(link_queue="none")
+    assert c.link_queue == "none" and Cluster.from_dict(c.to_dict()).link_queue == "none"
+    assert "queue" not in cluster().to_dict()["links"]  # the default is not written
+    c.save(tmp_path / "c.toml")
+    assert Cluster.load(tmp_path / "c.toml").link_queue == "none"
+    with pytest.raises(Exception, match="links.queue must be one of 'fifo', 'none', got 'lifo'"):
+        cluster(link_queue="lifo")
+
+
 def test_chain_on_one_device_is_the_sum_of_its_ops():
     cm = model({"a": 4, "b": 4, "c": 4}, [("a", "b"), ("b", "c")], [[1, 1], [2, 2], [3, 3]])
     r = run(cm, [1, 1, 1])

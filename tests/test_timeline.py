@@ -209,3 +209,44 @@ def test_capture_on_a_testbed_then_explain(tmp_path, capsys):
         assert (st.x_producer_end[known] <= st.x_end[known]).all()
         assert (st.x_end[known] <= st.x_consumer_start[known]).all()
     assert r.single_op_us is not None and np.isfinite(r.single_op_us).all()
+
+
+def _unqueued_models():
+    """Cost models whose transfers cost their devices nothing, on links that do not queue:
+    what :func:`timeline.list_schedule` models."""
+    from hypothesis import strategies as st
+
+    from .helpers import assignments, cost_models
+
+    @st.composite
+    def draw(d):
+        cm = d(cost_models(max_ops=16))
+        if cm.net.has_tasks or cm.cluster.link_queue != "none":
+            from dataclasses import replace
+
+            from placetool.costmodel import CostModel
+
+            c = replace(cm.cluster, link_queue="none",
+                        devices=[replace(x, send_us=0.0, send_us_per_byte=0.0, recv_us=0.0, recv_us_per_byte=0.0)
+                                 for x in cm.cluster.devices])
+            cm = CostModel(cm.graph, c, op_times=cm.T)
+        return cm, cm.graph.to_placement(np.array(d(assignments(cm)), np.int32))
+
+    return draw()
+
+
+def test_the_replay_list_schedule_is_the_simulator_on_links_that_do_not_queue():
+    """``list_schedule`` (the ``traced`` replay, which gives each transfer its own traced
+    time) repeats the simulator's rules: with no overrides it must agree with it."""
+    from hypothesis import HealthCheck, given, settings
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(_unqueued_models())
+    def check(args):
+        cm, p = args
+        r = cm.simulate(p, trace=True)
+        dur = cm.T[np.arange(cm.graph.n_ops), p]
+        start, end = TL.list_schedule(cm.graph, dur, p, cm.cluster.latency_us, cm.cluster.bandwidth_bytes_per_us)
+        assert np.array_equal(start, r.trace.op_start) and np.array_equal(end, r.trace.op_end)
+
+    check()
