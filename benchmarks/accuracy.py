@@ -98,12 +98,35 @@ def devices(a, log):
     return tb.spec, tb
 
 
-def calibrate_for(t, spec, a, log):
+def calibrate_for(t, spec, a, log, link_queue="auto", fit_inputs=None):
     from placetool.costmodel.tf.calibrate import DEFAULT_SIZES, calibrate
 
     sizes = [x for x in DEFAULT_SIZES if x <= a.max_transfer]
     return calibrate([t], spec, sizes=sizes, trace_steps=a.trace_steps, reps=a.reps, log=log,
-                     split_steps=a.steps, rounds=a.rounds)
+                     split_steps=a.steps, rounds=a.rounds, link_queue=link_queue, fit_inputs=fit_inputs)
+
+
+def models_for(t, spec, a, log):
+    """{links.queue: (CostModel, profile, transfer fit summary)}: one calibration, its
+    transfer costs fitted under each rule of ``--link-queue`` to the same measured steps."""
+    from dataclasses import replace
+
+    from placetool.costmodel import CostModel
+    from placetool.costmodel.calibration import fit_transfer_costs, with_transfer_params
+
+    rules = ["none", "fifo"] if a.link_queue == "both" else [a.link_queue]
+    fit_in = {}
+    profile, cl = calibrate_for(t, spec, a, log, rules[0], fit_in)
+    out = {cl.link_queue: (CostModel(t.graph, cl, profile=profile), profile, profile.meta.get("transfer_fit", {}))}
+    for q in rules[1:]:
+        if not fit_in:
+            break
+        base = replace(fit_in["cluster"], link_queue=q)
+        fit = fit_transfer_costs(fit_in["samples"], base, profile, kinds=fit_in["kinds"])
+        log(f"  links.queue {q}: the same steps fitted: {fit.params}")
+        out[q] = (CostModel(t.graph, with_transfer_params(base, fit.params, fit_in["kinds"]), profile=profile),
+                  profile, fit.summary())
+    return out
 
 
 def candidate_placements(cm, n_total: int, seed: int, log, seconds=ITERATIVE):
@@ -171,6 +194,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-transfer", type=int, default=4 * 2 ** 20, help="calibration: largest lone transfer, bytes")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-sentinel", action="store_true", help="plain interleaved rounds, no reference step")
+    ap.add_argument("--link-queue", choices=["auto", "fifo", "none", "both"], default="both",
+                    help="the calibrated cluster's links.queue; both: fit the same measured steps under each "
+                         "rule and judge both on the same measurements (default)")
     ap.add_argument("--replay", action="store_true", help="also trace and replay one step of every placement")
     ap.add_argument("--replay-steps", type=int, default=3, help="traced steps per placement for --replay (median)")
     ap.add_argument("--json", action="store_true")
@@ -178,7 +204,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if a.json else (lambda m: print(m, flush=True))
 
-    from placetool.costmodel import CostModel
     from placetool.costmodel.tf.runner import measure_interleaved
     from placetool.costmodel.tf.sentinel import measure_with_sentinel
 
@@ -191,9 +216,13 @@ def main(argv=None) -> int:
             t = trace_graph(s, log)
             # calibrate right before measuring: on a shared machine the load drifts over
             # minutes, and a profile taken long before is a profile of another load
-            profile, cl = calibrate_for(t, spec, a, log)
-            cm = CostModel(t.graph, cl, profile=profile)
-            cands = candidate_placements(cm, a.placements, a.seed, log)
+            models = models_for(t, spec, a, log)
+            cands = []
+            for q, (cm_q, _, _) in models.items():  # every model's searches are among the candidates
+                seen = {p.tobytes() for _, p in cands}
+                cands += [(f"{label}@{q}" if len(models) > 1 and not label.startswith(("single", "random")) else label, p)
+                          for label, p in candidate_placements(cm_q, a.placements // len(models), a.seed, log)
+                          if p.tobytes() not in seen]
             log(f"{s}: measuring {len(cands)} placements, {a.rounds} interleaved rounds of {a.steps} steps ...")
             if a.no_sentinel:
                 reps = measure_interleaved(t, [p for _, p in cands], spec, rounds=a.rounds, steps=a.steps, warmup=2)
@@ -205,47 +234,15 @@ def main(argv=None) -> int:
                 log(f"  sentinel: noise floor ±{sent['noise_floor_pct']:.1f}%, {sent['redone']} round(s) run "
                     f"again, flagged: {sent['flagged_rounds'] or 'none'}")
             replays = [replay_placement(t, p, spec, a.replay_steps) for _, p in cands] if a.replay else None
-            pred, meas = [], []
-            pred_ref = None
-            for k, ((label, p), m) in enumerate(zip(cands, reps)):
-                sim = cm.simulate(p).step_time_us
-                pr = sim + profile.step_overhead(len(np.unique(p)))
-                pred.append(pr)
-                meas.append(m.step_us)
-                pred_ref = pr if k == 0 else pred_ref
-                detail.append({"graph": s, "placement": label, "devices_used": int(len(np.unique(p))),
-                               "predicted_us": pr, "simulated_us": sim, "measured_us": m.step_us,
-                               "spread_pct": m.spread_pct, "round_us": m.round_us,
-                               "error_pct": 100 * (pr - m.step_us) / m.step_us})
-                if sent is not None:
-                    pm = sent["paired"][k]
-                    detail[-1].update({"measured_ratio": pm["ratio"], "ratio_spread_pct": pm["spread_pct"],
-                                       "predicted_ratio": pr / pred_ref,
-                                       "ratio_error_pct": 100 * (pr / pred_ref - pm["ratio"]) / pm["ratio"]})
-                if replays is not None:
-                    detail[-1].update(replays[k])
-                log(f"  {label:<16} predicted {pr / 1e3:9.2f} ms  measured {m.step_us / 1e3:9.2f} ms "
-                    f"±{m.spread_pct:4.1f}%  error {detail[-1]['error_pct']:+7.1f}%"
-                    + (f"  ratio {detail[-1]['measured_ratio']:.3f} (predicted {detail[-1]['predicted_ratio']:.3f})"
-                       if sent is not None else "")
-                    + (f"  replay {detail[-1]['replay_fifo_error_pct']:+.1f}% / concurrent "
-                       f"{detail[-1]['replay_concurrent_error_pct']:+.1f}%" if replays is not None else ""))
-            fit = profile.meta.get("transfer_fit", {})
-            rows.append({"graph": s, "ops": t.graph.n_ops, "placements": len(cands), **score(pred, meas),
-                         "noise_floor_pct": float(np.median([m.spread_pct for m in reps])),
-                         "calibration_fit_median_abs_error_pct": fit.get("fit", {}).get("median_abs_error_pct"),
-                         "calibration_held_out_median_abs_error_pct":
-                             fit.get("held_out", {}).get("median_abs_error_pct"),
-                         "transfer_params": fit.get("params"),
-                         "calibration_noise_floor_pct": fit.get("noise_floor_pct"),
-                         **sentinel_summary(sent, detail[-len(cands):]),
-                         **replay_summary(detail[-len(cands):] if replays is not None else None)})
+            for q, (cm, profile, fit) in models.items():
+                rows.append(judge_model(s, q, t, cm, profile, fit, cands, reps, sent, replays, detail, log))
     finally:
         if tb is not None:
             tb.stop()
     secs = time.perf_counter() - t_start
     out = {"rows": rows, "devices": spec.tf_devices, "seconds": secs,
-           "settings": {"rounds": a.rounds, "steps": a.steps, "placements": a.placements, "seed": a.seed}}
+           "settings": {"rounds": a.rounds, "steps": a.steps, "placements": a.placements, "seed": a.seed,
+                        "link_queue": a.link_queue}}
     if a.rows_out:
         with open(a.rows_out, "w") as f:
             json.dump({"summary": out, "placements": detail}, f, indent=1)
@@ -253,18 +250,60 @@ def main(argv=None) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print()
-    print(f"{'graph':<50} {'ops':>5} {'pl':>4} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} {'best':>5} "
-          f"{'noise±%':>8} {'sentinel±%':>10} {'ratio|err|%':>11} {'replay|err|%':>12} {'fit%':>6} {'held%':>6}")
+    print(f"{'graph':<44} {'queue':<5} {'ops':>5} {'pl':>4} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} "
+          f"{'best':>5} {'noise±%':>8} {'sentinel±%':>10} {'ratio|err|%':>11} {'replay|err|%':>12} {'fit%':>6} "
+          f"{'held%':>6}")
     for r in rows:
         f = r["calibration_fit_median_abs_error_pct"]
         h = r["calibration_held_out_median_abs_error_pct"]
-        print(f"{r['graph']:<50} {r['ops']:>5} {r['placements']:>4} {r['median_abs_error_pct']:>9.1f} "
-              f"{r['max_abs_error_pct']:>9.1f} {r['kendall_tau']:>6.2f} {('yes' if r['best_agrees'] else 'no'):>5} "
-              f"{r['noise_floor_pct']:>8.1f} {_num(r.get('sentinel_noise_floor_pct')):>10} "
-              f"{_num(r.get('ratio_median_abs_error_pct')):>11} {_num(r.get('replay_fifo_max_abs_error_pct')):>12} "
-              f"{f if f is None else round(f, 1):>6} {h if h is None else round(h, 1):>6}")
+        print(f"{r['graph']:<44} {r['link_queue']:<5} {r['ops']:>5} {r['placements']:>4} "
+              f"{r['median_abs_error_pct']:>9.1f} {r['max_abs_error_pct']:>9.1f} {r['kendall_tau']:>6.2f} "
+              f"{('yes' if r['best_agrees'] else 'no'):>5} {r['noise_floor_pct']:>8.1f} "
+              f"{_num(r.get('sentinel_noise_floor_pct')):>10} {_num(r.get('ratio_median_abs_error_pct')):>11} "
+              f"{_num(r.get('replay_fifo_max_abs_error_pct')):>12} {f if f is None else round(f, 1):>6} "
+              f"{h if h is None else round(h, 1):>6}")
     print(f"({secs:.0f} s; devices: {len(spec.tf_devices)} x {spec.kinds[0]})")
     return 0
+
+
+def judge_model(s, q, t, cm, profile, fit, cands, reps, sent, replays, detail, log) -> dict:
+    """One graph's row for the model whose links.queue is ``q``: its predictions of every
+    measured placement (appended to ``detail``) against the measurements."""
+    pred, meas = [], []
+    pred_ref = None
+    first = len(detail)
+    log(f"  links.queue {q}:")
+    for k, ((label, p), m) in enumerate(zip(cands, reps)):
+        sim = cm.simulate(p).step_time_us
+        pr = sim + profile.step_overhead(len(np.unique(p)))
+        pred.append(pr)
+        meas.append(m.step_us)
+        pred_ref = pr if k == 0 else pred_ref
+        detail.append({"graph": s, "link_queue": q, "placement": label, "devices_used": int(len(np.unique(p))),
+                       "predicted_us": pr, "simulated_us": sim, "measured_us": m.step_us,
+                       "spread_pct": m.spread_pct, "round_us": m.round_us,
+                       "error_pct": 100 * (pr - m.step_us) / m.step_us})
+        if sent is not None:
+            pm = sent["paired"][k]
+            detail[-1].update({"measured_ratio": pm["ratio"], "ratio_spread_pct": pm["spread_pct"],
+                               "predicted_ratio": pr / pred_ref,
+                               "ratio_error_pct": 100 * (pr / pred_ref - pm["ratio"]) / pm["ratio"]})
+        if replays is not None:
+            detail[-1].update(replays[k])
+        log(f"  {label:<16} predicted {pr / 1e3:9.2f} ms  measured {m.step_us / 1e3:9.2f} ms "
+            f"±{m.spread_pct:4.1f}%  error {detail[-1]['error_pct']:+7.1f}%"
+            + (f"  ratio {detail[-1]['measured_ratio']:.3f} (predicted {detail[-1]['predicted_ratio']:.3f})"
+               if sent is not None else "")
+            + (f"  replay {detail[-1]['replay_fifo_error_pct']:+.1f}% / concurrent "
+               f"{detail[-1]['replay_concurrent_error_pct']:+.1f}%" if replays is not None else ""))
+    return {"graph": s, "link_queue": q, "ops": t.graph.n_ops, "placements": len(cands), **score(pred, meas),
+            "noise_floor_pct": float(np.median([m.spread_pct for m in reps])),
+            "calibration_fit_median_abs_error_pct": fit.get("fit", {}).get("median_abs_error_pct"),
+            "calibration_held_out_median_abs_error_pct": fit.get("held_out", {}).get("median_abs_error_pct"),
+            "transfer_params": fit.get("params"),
+            "calibration_noise_floor_pct": fit.get("noise_floor_pct"),
+            **sentinel_summary(sent, detail[first:]),
+            **replay_summary(detail[first:] if replays is not None else None)}
 
 
 def _num(x) -> str:

@@ -390,6 +390,8 @@ def test_calibrate_and_verify_cli(mlp, testbed, tmp_path):
     # --max-noise 0: any spread is too much, and the user is told (the files are still written)
     assert summary["noisy"].startswith("the machine is too noisy to calibrate") == (fit["noise_floor_pct"] > 0)
     assert cl.names == ["cpu:0", "cpu:1"] and cl.metadata["tf_devices"] == testbed.spec.tf_devices
+    # TF workers' transfers run side by side (gRPC): the calibrated links do not queue
+    assert cl.link_queue == "none" and summary["link_queue"] == "none"
     assert prof.coverage(mlp.graph, "cpu") == {"measured": mlp.graph.n_ops, "fitted": 0, "roofline": 0}
     assert len(prof.links) == 2 and len(prof.step_overhead_us) == 2
     assert (tmp_path / "prof.toml").exists()

@@ -168,8 +168,16 @@ def step_overheads(spec: ClusterSpec, reps: int = 15, timeout_s: float = 60.0) -
 def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: int = 5,
               reps: int = 9, memory_bytes: dict | None = None, name: str = "calibrated",
               log=print, timeout_s: float = 300.0, split_steps: int = 3, rounds: int = 3,
-              max_noise_pct: float = 10.0) -> tuple[Profile, Cluster]:
+              max_noise_pct: float = 10.0, link_queue: str = "auto",
+              fit_inputs: dict | None = None) -> tuple[Profile, Cluster]:
     """Measure everything and return (profile, cluster); see the module docstring.
+
+    ``link_queue``: the cluster's ``links.queue``; ``auto`` is ``none`` for TF worker
+    processes (gRPC serves their transfers side by side: traced steps, docs/explain.md)
+    and ``fifo`` for this process's own devices (a GPU's copy engine serves one copy at a
+    time per direction). ``fit_inputs``, a dict, receives what the transfer fit was made
+    from (``samples``, the ``cluster`` before it, ``kinds``), so the same measured steps
+    can be fitted again under another rule.
 
     ``split_steps`` > 0 (and more than one device): per graph, the designed split
     placements (:func:`designed_splits`) are measured too, ``rounds`` times interleaved,
@@ -243,7 +251,9 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
                     f"noise is larger than the size effect), so the link is taken to cost no time per "
                     f"byte: time larger transfers (--max-transfer) for a bandwidth")
 
-    cluster = _cluster(name, names, spec, profile, lat, bw, memory_bytes or {})
+    if link_queue == "auto":
+        link_queue = "none" if spec.workers else "fifo"
+    cluster = _cluster(name, names, spec, profile, lat, bw, memory_bytes or {}, link_queue)
     if split_steps > 0 and D > 1:
         # the designs split work between two devices: their kinds' costs are what they measure
         kinds = tuple(sorted({spec.kinds[d] for d in split_pair(spec)}))
@@ -258,6 +268,8 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
                 samples.append(StepSample(t.graph, p, m.step_us, m.spread_pct, label, held))
         log(f"fitting transfer costs to {sum(not s.held_out for s in samples)} steps "
             f"({sum(s.held_out for s in samples)} held out) ...")
+        if fit_inputs is not None:
+            fit_inputs.update(samples=samples, cluster=cluster, kinds=kinds)
         fit = fit_transfer_costs(samples, cluster, profile, kinds=kinds)
         summ = fit.summary()
         cluster = with_transfer_params(cluster, fit.params, kinds)
@@ -340,7 +352,7 @@ def designed_splits(graph, spec: ClusterSpec, seed: int = 12345) -> list[tuple[s
     return [(label, p, i % 3 == 2) for i, (label, p) in enumerate(out)]
 
 
-def _cluster(name, names, spec, profile, lat, bw, memory_bytes) -> Cluster:
+def _cluster(name, names, spec, profile, lat, bw, memory_bytes, link_queue="fifo") -> Cluster:
     D = len(names)
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -373,7 +385,8 @@ def _cluster(name, names, spec, profile, lat, bw, memory_bytes) -> Cluster:
         },
         "devices": devices,
         "links": {"default": {"latency_us": float(np.median(lat[off])) if D > 1 else 0.0,
-                              "bandwidth_bytes_per_us": float(np.median(bw[off])) if D > 1 else 1e6}},
+                              "bandwidth_bytes_per_us": float(np.median(bw[off])) if D > 1 else 1e6},
+                  "queue": link_queue},
     }
     if pairs:
         d["links"]["pairs"] = pairs
