@@ -4,7 +4,7 @@
     python benchmarks/eventless.py --graphs nmt,transformer --placements 32 --json
     python benchmarks/eventless.py --callgrind              # instructions and misses per op instead
 
-The engine (``costmodel/kernels.py``) queues an event when an op ends and when a
+The engine (``costmodel/engine/``) queues an event when an op ends and when a
 transfer lands, about 2.2 events per op on random placements. Under its rules a link
 serves its transfers first come first served, so a transfer's landing time is known the
 moment it is queued: ``max(now, link free) + latency + bytes / bandwidth``. An op's
@@ -25,7 +25,7 @@ The figures, and a second way to keep peaks exact that was tried, are in
 
 The script first checks that the design gives the engine's step time and per-device
 peak memory exactly on every placement, then times both kernels side by side
-(``kernels.simulate_full`` without the Python around ``CostModel.simulate``). It is a
+(``engine.simulate_full`` without the Python around ``CostModel.simulate``). It is a
 measurement, not a second simulator: no send/receive costs, no trace, no checkpoints.
 """
 
@@ -299,24 +299,24 @@ def setup(graph, cluster, placements, seed=0):
 
 def check(cm, P, ws) -> int:
     """Placements on which the design's step time and peak memory equal the engine's."""
-    from placetool.costmodel import kernels
+    from placetool.costmodel import engine
 
     params = np.ascontiguousarray(cm.graph.param_bytes, np.int64)
     same = 0
     for p in P:
         ref = cm.simulate(p)
         step = simulate_eventless(cm.net, p, ws, True)
-        peak = kernels.device_peak(ws[-1], p, params)
+        peak = engine.device_peak(ws[-1], p, params)
         same += int(step == ref.step_time_us and np.array_equal(peak, ref.peak_memory_bytes))
     return same
 
 
 def timed(cm, P, ws, rounds):
     """ms per placement (min and median over rounds; the three kernels interleaved)."""
-    from placetool.costmodel import kernels
+    from placetool.costmodel import engine
 
     w = cm.work()
-    fns = {"engine": lambda p: kernels.simulate_full(cm.net, w, p, False),
+    fns = {"engine": lambda p: engine.simulate_full(cm.net, w, p, False),
            "eventless": lambda p: simulate_eventless(cm.net, p, ws, True),
            "eventless_no_memory": lambda p: simulate_eventless(cm.net, p, ws, False)}
     out = {k: [] for k in fns}
@@ -338,10 +338,10 @@ def callgrind(graph, cluster, reps=4):
             f"spec = importlib.util.spec_from_file_location('eventless', {os.path.abspath(__file__)!r})\n"
             f"eventless = sys.modules['eventless'] = importlib.util.module_from_spec(spec)\n"
             f"spec.loader.exec_module(eventless)\n"
-            f"import numpy as np\nfrom placetool.costmodel import kernels\n"
+            f"import numpy as np\nfrom placetool.costmodel import engine\n"
             f"cm, P = eventless.setup({graph!r}, {cluster!r}, {reps + 1})\nws = eventless.workspace(cm)\n"
             f"w = cm.work()\n")
-    bodies = {"engine": "kernels.simulate_full(cm.net, w, P[i + 1], False)",
+    bodies = {"engine": "engine.simulate_full(cm.net, w, P[i + 1], False)",
               "eventless": "eventless.simulate_eventless(cm.net, P[i + 1], ws, True)",
               "eventless_no_memory": "eventless.simulate_eventless(cm.net, P[i + 1], ws, False)"}
     from placetool.costmodel import presets

@@ -14,7 +14,7 @@ branch simulation (counts that do not depend on other load on the machine). The
 samples that fall inside the function are matched to its disassembly (``objdump``);
 the hottest instructions are printed with the code around them, and the whole
 annotated listing is written to ``--out``. Read an instruction's source line off
-the arrays it loads (see ``Net`` and ``Work`` in ``costmodel/kernels.py``); a load
+the arrays it loads (see ``Net`` and ``Work`` in ``costmodel/engine/state.py``); a load
 that misses the cache is charged to the instruction after it.
 """
 
@@ -34,20 +34,20 @@ from pathlib import Path
 CHILD = """
 import ctypes, json, sys, time
 import numpy as np
-from placetool.costmodel import CostModel, kernels, presets
+from placetool.costmodel import CostModel, engine, presets
 from placetool.search import Problem
 graph, cluster, seconds, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 cm = CostModel(presets.load_graph(graph), presets.load_cluster(cluster))
 rng = np.random.default_rng(0)
 P = [cm.graph.to_placement(Problem(cm).random_assignment(rng)) for _ in range(8)]
 cm.simulate(P[0])
-# The event loop (kernels._run) is a function of its own that simulate_full calls, and
+# The event loop (engine._run) is a function of its own that simulate_full calls, and
 # code loaded from numba's cache has no symbol names to look up (nor does numba fill
 # _run's dispatcher then): take every absolute target that simulate_full loads by movabs
 # and that lies in executable memory, and dump each up to the next (or {size} bytes).
 # The parent profiles them all and annotates the one that runs the most: the loop.
 import re, subprocess
-(cres,) = kernels.simulate_full.overloads.values()
+(cres,) = engine.simulate_full.overloads.values()
 entry = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
 open(out + "/entry.bin", "wb").write(ctypes.string_at(entry, 0x4000))
 dis = subprocess.run(["objdump", "-D", "-b", "binary", "-m", "i386:x86-64", "-M", "intel", "--no-show-raw-insn",

@@ -9,7 +9,7 @@ simulates on. While it runs it compares its state with the base run's later
 checkpoints: once the two agree in everything that shapes the future (moved ops done
 and released, same pending events, ready-op and send/receive task heaps, link queues,
 counters and live memory), the rest of the step is the base run's, and it stops there.
-Both runs are the one engine of :mod:`placetool.costmodel.kernels`.
+Both runs are the one engine of :mod:`placetool.costmodel.engine`.
 
 The answer equals :meth:`CostModel.simulate` of the moved placement exactly: step time,
 per-device peak memory and feasibility (busy times are not reported).
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from . import kernels as K
+from . import engine as K
 from .errors import UserError
 from .procs import run_shares
 
@@ -58,7 +58,7 @@ class IncrementalSimulator:
     how many states are kept (memory grows with it: about 40 bytes per op and 16 per
     data edge each); ``converge=False`` disables the early stop; ``threads`` caps the
     threads :meth:`evaluate_many` uses (default: numba's thread count). Runs on the same
-    engine as :meth:`CostModel.simulate` (:mod:`placetool.costmodel.kernels`).
+    engine as :meth:`CostModel.simulate` (:mod:`placetool.costmodel.engine`).
     """
 
     def __init__(self, cost_model, assignment, checkpoints: int | None = None, converge: bool = True,

@@ -1,6 +1,6 @@
 """The reference simulator: plain Python, written to be obviously right.
 
-It is the oracle for the compiled engine in :mod:`placetool.costmodel.kernels`; both must return
+It is the oracle for the compiled engine in :mod:`placetool.costmodel.engine`; both must return
 bit-identical numbers. The rules (also in docs/simulator.md):
 
 - Time advances from event to event (op finished, send task finished, link transfer

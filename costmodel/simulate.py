@@ -16,7 +16,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from . import kernels
+from . import engine
 from .cluster import check_device_count
 from .placement import Placement, PlacementError
 from .procs import run_shares
@@ -130,7 +130,7 @@ class CostModel:
             T = op_time_matrix(graph, cluster, profile)
         self.T = np.ascontiguousarray(T)
         self.capacity = cluster.memory_bytes
-        self.net = kernels.make_net(graph, cluster, self.T)
+        self.net = engine.make_net(graph, cluster, self.T)
         self._param_bytes = np.ascontiguousarray(graph.param_bytes, np.int64)
         self._local = threading.local()  # one engine workspace per thread
         # group -> device-kind mask, and which devices each group may use
@@ -151,11 +151,11 @@ class CostModel:
         self.__dict__.update(d)
         self._local = threading.local()
 
-    def work(self) -> kernels.Work:
+    def work(self) -> engine.Work:
         """This thread's engine workspace (allocated on first use, then reused)."""
         w = getattr(self._local, "work", None)
         if w is None:
-            w = self._local.work = kernels.work_for(self.net)
+            w = self._local.work = engine.work_for(self.net)
         return w
 
     # ----------------------------------------------------------- placements
@@ -224,7 +224,7 @@ class CostModel:
     def violation(self, p: np.ndarray) -> str | None:
         """Why a per-op placement is invalid (split group, op without kernel), or None."""
         g = self.graph
-        split, nok = kernels.placement_violation(p, self._op_group_first, self.T)
+        split, nok = engine.placement_violation(p, self._op_group_first, self.T)
         if split >= 0:
             first = self._op_group_first[split]
             return (f"group of op {g.names[first]!r} is split: op {g.names[split]!r} is on "
@@ -245,9 +245,9 @@ class CostModel:
         w = self.work()
         if trace:
             w.x_task[:] = np.nan  # stages that cost nothing stay NaN
-        ms, nx = kernels.simulate_full(self.net, w, p, bool(trace))
+        ms, nx = engine.simulate_full(self.net, w, p, bool(trace))
         busy = w.busy.copy()
-        peak = kernels.device_peak(w.livepeak, p, self._param_bytes)
+        peak = engine.device_peak(w.livepeak, p, self._param_bytes)
         reason = self._memory_reason(peak)
         tr = None
         if trace:
@@ -284,7 +284,7 @@ class CostModel:
         k = min(B, numba.get_num_threads(), max(1, B * g.n_ops // MIN_OPS_PER_THREAD))
         if B:
             def share(t):  # rows t, t + k, ... on this thread's workspace
-                kernels.simulate_rows(self.net, self.work(), P, self._param_bytes, step, busy, peak, t, k)
+                engine.simulate_rows(self.net, self.work(), P, self._param_bytes, step, busy, peak, t, k)
 
             run_shares(k, share)
         if not per_group:
@@ -308,7 +308,7 @@ class CostModel:
         if g.n_ops == 0:
             return 0.0
         fastest = self.T.min(axis=1)
-        cp = kernels.critical_path(g.topo_order, fastest, *g.successors)
+        cp = engine.critical_path(g.topo_order, fastest, *g.successors)
         return float(max(cp, fastest.sum() / self.n_devices))
 
     # ----------------------------------------------------------- files

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from placetool.costmodel import kernels
+from placetool.costmodel import engine
 
 
 @njit(cache=True)
@@ -205,7 +205,7 @@ def lower_bound(problem, energy: bool = True) -> dict:
     out = {}
     if g.n_ops:
         fastest = cm.T.min(axis=1)
-        out["critical_path"] = float(kernels.critical_path(g.topo_order, fastest, *g.successors))
+        out["critical_path"] = float(engine.critical_path(g.topo_order, fastest, *g.successors))
     else:
         out["critical_path"] = 0.0
     out["load"] = load_bound(problem) if problem.n_groups else 0.0

@@ -53,7 +53,7 @@ import numpy as np
 from numba import njit, objmode
 
 from placetool.costmodel.jitclock import work_clock
-from placetool.costmodel.kernels import heap_pop, heap_push
+from placetool.search.heaps import heap_pop, heap_push
 
 from .base import BudgetExhausted, Positive, SearchError, register
 from .partition import accelerators, fallback_device, gpu_group_time, group_memory_bytes, score

@@ -1,0 +1,62 @@
+"""A binary min-heap over three parallel arrays (time, key, id), for the list schedulers
+(:mod:`placetool.search.listsched`). The simulator's own queues are sorted arrays
+(:mod:`placetool.costmodel.engine.queues`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+U64 = np.uint64
+
+
+@njit(cache=True, inline="always")
+def _less(ta, ka, tb, kb):
+    return ta < tb or (ta == tb and ka < kb)
+
+
+@njit(cache=True)
+def heap_push(ev_t, ev_k, ev_id, size, t, k, i):
+    """Push (t, k) -> i onto a min-heap ordered by (t, k) in three parallel arrays; returns the new size."""
+    j = U64(size)  # unsigned positions: no negative-index wraparound per access
+    while j > 0:
+        parent = (j - U64(1)) >> U64(1)
+        if _less(t, k, ev_t[parent], ev_k[parent]):
+            ev_t[j] = ev_t[parent]
+            ev_k[j] = ev_k[parent]
+            ev_id[j] = ev_id[parent]
+            j = parent
+        else:
+            break
+    ev_t[j] = t
+    ev_k[j] = k
+    ev_id[j] = i
+    return size + 1
+
+@njit(cache=True)
+def heap_pop(ev_t, ev_k, ev_id, size):
+    """Remove the root of a heap_push heap; returns the new size."""
+    size -= 1
+    t, k, i = ev_t[size], ev_k[size], ev_id[size]
+    j = 0
+    while True:
+        c = 2 * j + 1
+        if c >= size:
+            break
+        if c + 1 < size and _less(ev_t[c + 1], ev_k[c + 1], ev_t[c], ev_k[c]):
+            c += 1
+        if _less(ev_t[c], ev_k[c], t, k):
+            ev_t[j] = ev_t[c]
+            ev_k[j] = ev_k[c]
+            ev_id[j] = ev_id[c]
+            j = c
+        else:
+            break
+    if size > 0:
+        ev_t[j] = t
+        ev_k[j] = k
+        ev_id[j] = i
+    return size
+
+
