@@ -26,7 +26,7 @@ def main() -> None:
 
     from placetool.costmodel import CostModel, presets
     from placetool.search import Budget, Problem, run
-    from placetool.search.sweep import connect_dask
+    from placetool.search.sweeps.sweep import connect_dask
 
     problem = Problem(CostModel(presets.load_graph(a.graph), presets.load_cluster(a.cluster)))
     lb = problem.lower_bound_us()

@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from placetool.search.store import ResultStore
-from placetool.search.sweep import cpu_count, parse_sweep, run_one, run_sweep
+from placetool.search.sweeps.store import ResultStore
+from placetool.search.sweeps.sweep import cpu_count, parse_sweep, run_one, run_sweep
 
 
 def grid(seeds: int, evals: int):

@@ -65,7 +65,7 @@ def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps,
 
     from placetool.costmodel import CostModel, presets
     from placetool.rl.policies import POLICIES  # no TensorFlow yet
-    from placetool.search.base import Problem
+    from placetool.search import Problem
 
     if policy not in POLICIES:  # before the graphs load and TensorFlow starts (7-9 s)
         raise UserError(f"rl pretrain: --policy {policy!r}: unknown policy (known: {', '.join(POLICIES)})")

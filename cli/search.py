@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import traceback
+from pathlib import Path
 
 import click
 import numpy as np
@@ -31,10 +32,11 @@ def _list_methods(as_json: bool) -> None:
     if as_json:
         emit_json({"methods": {n: {"summary": i.summary, "module": i.module,
                                    "default_budget": {"evals": i.budget.evals, "seconds": i.budget.seconds},
-                                   "seed": i.seed is not None} for n, i in t.items()}})
+                                   "seed": i.seed_rank is not None, "seed_rank": i.seed_rank}
+                                for n, i in t.items()}})
         return
     for n, i in t.items():
-        click.echo(f"{n:<14} {i.summary} [{_budget_text(i.budget)}{'; seeds sa/tpe/rl' if i.seed is not None else ''}]")
+        click.echo(f"{n:<14} {i.summary} [{_budget_text(i.budget)}{'; seeds sa/tpe/rl' if i.seed_rank is not None else ''}]")
 
 
 def _parse_options(pairs) -> dict:
@@ -124,6 +126,11 @@ class _Bar:
                    "or .pb), checked against the graph; a graph file's own recorded source is never run unasked.")
 @click.option("--trust-graph-source", "trust_source", is_flag=True,
               help="--verify-top: run the model source the graph file records (prints what it imports).")
+@click.option("--refine", type=click.IntRange(min=1), default=None, metavar="R",
+              help="--verify-top: hardware in the loop: up to R rounds of measuring, refitting the transfer costs "
+                   "to what was measured and searching again from the best measured placement.")
+@click.option("--profile-out", type=click.Path(dir_okay=False), default=None,
+              help="--refine: write the refitted profile here (and its cluster beside it, .toml).")
 @click.option("--dask", "dask_local", is_flag=True,
               help="sa: run annealing islands on a local Dask cluster (--workers processes) that share their best.")
 @click.option("--scheduler", default=None, metavar="ADDR",
@@ -135,7 +142,7 @@ class _Bar:
 @notes_compiles
 def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed, out, profile, as_json, quiet,
            compare, method_opts, storage, policy, init_from, logdir, verify_top, testbed_n, cluster_spec, local,
-           model, trust_source, dask_local, scheduler, workers, show_progress):
+           model, trust_source, refine, profile_out, dask_local, scheduler, workers, show_progress):
     """Search a placement of GRAPH on CLUSTER with METHOD within a budget.
 
     Prints the best placement's simulated step time beside a lower bound on any
@@ -170,6 +177,11 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     options = S.check_options(method, given, spell=lambda k: f"--{k.replace('_', '-')}" if k in flags
                               else repr(k))  # before the graph is loaded
 
+    if refine and not verify_top:
+        raise UserError("--refine only applies with --verify-top")
+    if profile_out and not (refine and profile):
+        raise UserError("--profile-out needs --refine and --profile (the profile it writes is that one, refitted)")
+    check_writable(profile_out, "--profile-out", inputs={**inputs, "--out": out})
     if (model is not None or trust_source) and not verify_top:
         raise UserError(f"{'--model' if model is not None else '--trust-graph-source'} only applies with --verify-top")
     if model is not None and trust_source:
@@ -234,11 +246,29 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
         obj["baselines"] = baselines
     best, best_us, extra = result.placement, result.step_time_us, {}
     if verify_top:
-        from .verifytop import verify
+        from .verifytop import refine as refine_loop, verify
 
-        obj["verified"], best, best_us = verify(g, cl, cm, profile, problem, result, verify_top, testbed_n,
-                                                cluster_spec, local, seed, as_json or quiet,
-                                                model=model, trust=trust_source)
+        if refine:
+            def rerun(pr, start, r):  # the next round's search, from the best measured placement
+                if method in ("sa", "islands"):
+                    return S.run("sa", pr, budget, seed=seed + r, keep_top=verify_top, start=start)
+                return S.run(method, pr, budget, seed=seed + r, keep_top=verify_top, **options)
+
+            obj["verified"], best, best_us, prof_new, cl_new = refine_loop(
+                g, cl, cm, profile, problem, result, verify_top, refine, rerun, testbed_n, cluster_spec, local,
+                seed, as_json or quiet, model=model, trust=trust_source)
+            if profile_out:
+                from placetool.costmodel.errors import atomic_output
+
+                with atomic_output(profile_out) as tmp_p, atomic_output(str(Path(profile_out).with_suffix(".toml"))) as tmp_c:
+                    prof_new.save(tmp_p)
+                    cl_new.save(tmp_c)
+                obj["profile_out"] = profile_out
+        else:
+            obj["verified"], best, best_us = verify(g, cl, cm, profile, problem, result, verify_top, testbed_n,
+                                                    cluster_spec, local, seed, as_json or quiet,
+                                                    model=model, trust=trust_source)
+            obj["verified"].pop("placements_g", None)
         v = obj["verified"]["rows"][obj["verified"]["recommended"]]
         # what hardware measured fastest is the answer, whatever the simulator preferred
         extra = {"verified": {"label": v["label"], "measured_us": v["measured_us"],

@@ -36,8 +36,8 @@ def sweep(sweep_file, results, workers, dask, scheduler, scheduler_file, placeme
     recorded as failed with its error; the exit status is 1 if any run of this
     invocation failed. See docs/sweeps.md for the file format and Slurm/PBS recipes.
     """
-    from placetool.search.store import ResultStore
-    from placetool.search.sweep import SweepError, load_sweep, run_sweep
+    from placetool.search.sweeps.store import ResultStore
+    from placetool.search.sweeps.sweep import SweepError, load_sweep, run_sweep
 
     if sum(bool(x) for x in (dask, scheduler, scheduler_file)) > 1:
         raise SweepError("give at most one of --dask, --scheduler, --scheduler-file")
@@ -88,7 +88,7 @@ def sweep(sweep_file, results, workers, dask, scheduler, scheduler_file, placeme
 
     client = None
     if scheduler or scheduler_file:  # connect before touching the results file
-        from placetool.search.sweep import connect_dask
+        from placetool.search.sweeps.sweep import connect_dask
 
         client, _ = connect_dask(scheduler=scheduler, scheduler_file=scheduler_file)
     try:
@@ -149,7 +149,7 @@ def report(results, out_dir, html, no_gantt, fmt, dpi, as_json):
     """Tables and plots from a sweep's RESULTS store: method x graph step times
     (mean ± std over seeds, relative to the lower bound and to the expert), method
     comparison, convergence curves and the Gantt timeline of each graph's best placement."""
-    from placetool.search.report import build_report, tables
+    from placetool.search.sweeps.report import build_report, tables
 
     if not Path(results).is_file():
         raise UserError(f"{results}: no such results file")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from placetool.costmodel.errors import UserError
-from placetool.search.base import Count, NonNegative, Positive, Share, Size, check_value
+from placetool.search.registry import Count, NonNegative, Positive, Share, Size, check_value
 
 
 @dataclass(slots=True)

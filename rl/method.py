@@ -43,7 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-from placetool.search.base import Budget, Positive, SearchError, register
+from placetool.search import Budget, SearchError
+from placetool.search.registry import Positive, register
 
 DEFAULT_POLICY = "gdp"
 #: what ``placetool search --method rl`` should run with when the user gives no budget
@@ -194,7 +195,7 @@ def rl(problem, budget, seed, tracker, policy: str | None = None, init_from=None
     if tracker.best_assignment is None:
         # start-up (TensorFlow, features) outlasted a seconds budget: answer anyway, as
         # a one-shot method does, with the policy's mode
-        from placetool.search.partition import score
+        from placetool.search.tracker import score
 
         score(tracker, _mode(pol, task))
         source = "policy's mode, scored after the budget (start-up took all of it)"
@@ -240,7 +241,7 @@ def _zero_shot_numpy(folder, policy, problem, tracker, cfg) -> dict:
     table saved for this very problem, if any, fitted into memory as
     :func:`_place_zero_shot` does. The same placement as through TensorFlow."""
     from placetool.search.memory import fit_memory
-    from placetool.search.partition import score
+    from placetool.search.tracker import score
 
     from . import gdp_net, policies
     from .trainer import frozen_mode
@@ -319,10 +320,8 @@ def _warm_start(pol, problem, budget, seed, tracker, explore, pretrained: bool =
     (:meth:`GDP.anchor_table`); a fresh one has none worth keeping, and its samples leave
     the mode uniformly. Returns (tables or None, name of the seed used or None).
     """
-    try:
-        from placetool.search.annealing import seed_assignments
-    except ImportError:
-        return None, None
+    from placetool.search.seeding import seed_assignments
+
     seeds, _ = seed_assignments(problem, budget, seed, tracker, share=0.2)
     if not seeds:
         return None, None

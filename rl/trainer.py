@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from placetool.costmodel.jitclock import work_clock
-from placetool.search.base import BudgetExhausted
+from placetool.search import BudgetExhausted
 
 from .config import Compound, Sampling, TrainConfig, Update  # noqa: F401 (the trainer's knobs, imported from here too)
 from .tfutil import tf as _tf

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import BudgetExhausted, Count, register
+from .registry import Count, register
+from .tracker import BudgetExhausted
 
 
 #: rows of ``single`` simulated at a time, so that a budget of seconds is heard between them
 SINGLE_CHUNK = 64
 
 
-@register("single", seed=0)
+@register("single", seed_rank=0)
 def single(problem, budget, seed, tracker):
     """Best single device that fits; groups that cannot run there go to the host CPU.
 
@@ -64,7 +65,7 @@ def twins(problem, fallback) -> np.ndarray:
     return out
 
 
-@register("round-robin", seed=1)
+@register("round-robin", seed_rank=1)
 def round_robin(problem, budget, seed, tracker):
     """Group k on the k-th device (in turn among the devices that may run it)."""
     a = np.empty(problem.n_groups, np.int32)

@@ -57,8 +57,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from .annealing import seed_assignments
-from .base import Budget, BudgetExhausted, Count, Seeds, Share, Size, get, register
+from .registry import Count, Seeds, Share, Size, get, register
+from .seeding import seed_assignments
+from .tracker import Budget, BudgetExhausted
 
 
 class Ops(NamedTuple):

@@ -19,8 +19,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .base import register
-from .partition import accelerators, fallback_device, score
+from .problem import accelerators, fallback_device
+from .registry import register
+from .tracker import score
 
 
 @njit(cache=True)
@@ -94,14 +95,14 @@ def expert_assignment(problem, mode: str | None = None) -> tuple[np.ndarray, str
     return np.where(ok, dev, fallback_device(problem)).astype(np.int32), mode
 
 
-@register("expert", seed=2)
+@register("expert", seed_rank=2)
 def expert(problem, budget, seed, tracker, mode: str | None = None):
     """Human-expert placement: the zoo's layer tags, or a depth split without them.
 
     ``mode`` overrides the graph's ``meta["expert"]`` ("single-gpu", "layers", "depth").
     """
     if mode not in (None, "single-gpu", "layers", "depth"):
-        from .base import SearchError
+        from .errors import SearchError
 
         raise SearchError(f"expert mode {mode!r} is not one of single-gpu, layers, depth")
     a, used = expert_assignment(problem, mode)

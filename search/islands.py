@@ -32,7 +32,8 @@ import time
 
 import numpy as np
 
-from .base import Count, NonNegative, SearchError, register
+from .errors import SearchError
+from .registry import Count, NonNegative, register
 
 #: an island's epoch that has not reported this long after the epoch's deadline is dropped
 #: (a worker that died mid-epoch has its island rerun elsewhere, which needs most of an epoch)
@@ -45,7 +46,8 @@ EPOCH_SECONDS = 10.0
 def _island(problem, start, seed: int, evals: int | None, seconds: float | None, threads: int | None,
             options: dict) -> dict:
     """One island's epoch on a worker: ``sa`` from ``start`` (None: from its seeds)."""
-    from .base import Budget, run
+    from .registry import run
+    from .tracker import Budget
 
     if threads:
         import numba
@@ -72,8 +74,8 @@ def islands(problem, budget, seed, tracker, scheduler: str | None = None, worker
     epoch (see the module docstring); returns metadata. ``client``: a Dask client (from
     Python); else ``scheduler`` (an address) or, with neither, a local cluster of
     ``workers`` processes. Other options go to every island's ``sa``."""
-    from .base import check_options
-    from .sweep import connect_dask
+    from .registry import check_options
+    from .sweeps.sweep import connect_dask
 
     sa_options = check_options("sa", sa_options)
     if "start" in sa_options:
@@ -93,7 +95,7 @@ def islands(problem, budget, seed, tracker, scheduler: str | None = None, worker
 def _search(problem, budget, seed, tracker, client, epochs, grace, sa_options, local: bool) -> dict:
     from distributed import wait
 
-    from .sweep import dask_threads
+    from .sweeps.sweep import dask_threads
 
     if epochs is None:
         epochs = max(1, round(budget.seconds / EPOCH_SECONDS)) if budget.seconds else 4

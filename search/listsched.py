@@ -3,7 +3,7 @@
 They schedule *ops* (the group graph of a TF graph has cycles: a variable's group holds
 its read and its update) under one rule: when the first op of a group is placed, the
 whole group is fixed to that device and charged its memory (parameters plus its ops'
-outputs, see :func:`placetool.search.partition.group_memory_bytes`); later ops of the group
+outputs, see :func:`placetool.search.problem.group_memory_bytes`); later ops of the group
 follow it. A device whose charged memory would exceed its capacity is not a candidate;
 if no device has room the op goes where the overflow is least (counted in the metadata
 as ``memory_fallbacks``). Every method scores its placement through the tracker.
@@ -55,8 +55,10 @@ from numba import njit, objmode
 from placetool.costmodel.jitclock import work_clock
 from placetool.search.heaps import heap_pop, heap_push
 
-from .base import BudgetExhausted, Positive, SearchError, register
-from .partition import accelerators, fallback_device, gpu_group_time, group_memory_bytes, score
+from .errors import SearchError
+from .problem import accelerators, fallback_device, gpu_group_time, group_memory_bytes
+from .registry import Positive, register
+from .tracker import BudgetExhausted, score
 
 
 #: how list schedulers model transfers: ``queued`` as the simulator does (a tensor sent
@@ -653,9 +655,9 @@ class _Data:
     """Op-level arrays every list scheduler reads (built once per problem).
 
     ``deadline``: the :func:`work_clock` reading its schedules stop at (a tracker's
-    :meth:`~placetool.search.base.Tracker.deadline`: the end of a search's seeding share;
+    :meth:`~placetool.search.tracker.Tracker.deadline`: the end of a search's seeding share;
     inf for a method run on its own, which always answers); one cut short raises
-    :class:`~placetool.search.base.BudgetExhausted`. At a thousand devices one schedule
+    :class:`~placetool.search.tracker.BudgetExhausted`. At a thousand devices one schedule
     of a 10k-op graph takes seconds, more than a seeding share of a short budget."""
 
     deadline = np.inf
@@ -919,7 +921,7 @@ def _schedule_variants(problem, tracker, schedule, links: str = "queued") -> dic
 
 
 # ------------------------------------------------------------------ methods
-@register("heft", seed=4, summary="HEFT: upward-rank order, earliest-finish-time device, insertion into idle "
+@register("heft", seed_rank=4, summary="HEFT: upward-rank order, earliest-finish-time device, insertion into idle "
                                   "gaps; memory-constrained")
 def heft(problem, budget, seed, tracker, insertion: bool = True, links: str = "queued"):
     """HEFT: upward-rank order, earliest-finish-time device, insertion into idle gaps."""
@@ -931,7 +933,7 @@ def heft(problem, budget, seed, tracker, insertion: bool = True, links: str = "q
     return _schedule_variants(problem, tracker, schedule, links)
 
 
-@register("critical-path", seed=5, summary="CPOP: critical-path ops on the device that runs the whole path "
+@register("critical-path", seed_rank=5, summary="CPOP: critical-path ops on the device that runs the whole path "
                                            "fastest, the rest by earliest finish time; memory-constrained")
 def critical_path(problem, budget, seed, tracker, links: str = "queued"):
     """CPOP: critical-path ops on the device that runs the whole path fastest, the rest
@@ -1013,7 +1015,7 @@ def _topo_fitted(problem, tracker):
     return a, "none", r, int(fallbacks), share
 
 
-@register("m-topo", seed=6, summary="m-TOPO: in topological order, fill one GPU after another with about 1/n "
+@register("m-topo", seed_rank=6, summary="m-TOPO: in topological order, fill one GPU after another with about 1/n "
                                     "of the compute each; memory-constrained")
 def m_topo(problem, budget, seed, tracker, links: str = "queued"):
     """m-TOPO: in topological order, fill one GPU after another with about 1/n of the
@@ -1027,7 +1029,7 @@ def m_topo(problem, budget, seed, tracker, links: str = "queued"):
             "memory_fit": fit, "planned_us": _planned(problem, a, links), "simulated_us": float(r.step_time_us[0])}
 
 
-@register("m-etf", seed=3, summary="m-ETF: earliest task first under device memory; memory-constrained")
+@register("m-etf", seed_rank=3, summary="m-ETF: earliest task first under device memory; memory-constrained")
 def m_etf(problem, budget, seed, tracker, links: str = "queued"):
     """m-ETF: earliest task first under device memory."""
 
@@ -1140,7 +1142,7 @@ def sct_favourite_children(data, time_limit: float = 60.0, window: int = 2500):
     return fav, message
 
 
-@register("m-sct", seed=8, summary="m-SCT: m-ETF with favourite children (SCT LP, SciPy/HiGHS) on their "
+@register("m-sct", seed_rank=8, summary="m-SCT: m-ETF with favourite children (SCT LP, SciPy/HiGHS) on their "
                                    "parent's device; memory-constrained")
 def m_sct(problem, budget, seed, tracker, lp_seconds: Positive | None = None, links: str = "queued"):
     """m-SCT: ETF under memory, favourite children (SCT LP, SciPy/HiGHS) on their

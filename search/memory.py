@@ -1,7 +1,7 @@
 """Fitting a placement into device memory by moving what a device holds at its peak.
 
 The list schedulers and partitioners budget memory with a per-group estimate
-(:func:`placetool.search.partition.group_memory_bytes`) that cannot see what the
+(:func:`placetool.search.problem.group_memory_bytes`) that cannot see what the
 simulator counts: when outputs are freed, and the copies a device receives. On graphs
 that fill the cluster (gnmt8 on k80x4: about 53 GB at the peak of one device's run
 against four 12 GB GPUs and a 64 GB host) every one of their placements is out of memory,
@@ -23,7 +23,7 @@ import numpy as np
 
 from placetool.costmodel.trace import peak_residents
 
-from .base import EvalResult
+from .tracker import EvalResult
 
 
 def fit_memory(problem, assignment, tracker, rounds: int = 8, margin: float = 0.05):

@@ -6,8 +6,8 @@ cannot run on a GPU (pinned to the host) stay on the CPU and are not partitioned
 map to GPUs in order, then a memory repair moves groups off any device whose estimated
 need exceeds its capacity. The result is scored by the tracker like every method.
 
-The helpers here (accelerators, group graph, memory estimate, repair) are shared with
-:mod:`placetool.search.expert` and :mod:`placetool.search.listsched`.
+The group facts they read (accelerators, traffic, memory estimate) are
+:mod:`placetool.search.problem`'s.
 """
 
 from __future__ import annotations
@@ -18,65 +18,13 @@ import sys
 
 import numpy as np
 
-from .base import register
 from .kernighan_lin import kernighan_lin
+from .problem import accelerators, fallback_device, gpu_group_time, group_memory_bytes
+from .registry import register
+from .tracker import score
 
 
 # ------------------------------------------------------------------ helpers
-def accelerators(problem) -> np.ndarray:
-    """Indices of the GPU devices (all devices when the cluster has no GPU)."""
-    k = np.array([kind == "gpu" for kind in problem.cluster.kinds])
-    return np.flatnonzero(k) if k.any() else np.arange(problem.n_devices)
-
-
-def fallback_device(problem) -> np.ndarray:
-    """For each group, the device it goes to when it cannot use the chosen accelerator:
-    the first CPU it may use, else the first device it may use."""
-    cpu = np.array([kind == "cpu" for kind in problem.cluster.kinds])
-    pref = problem.allowed & cpu[None, :]
-    has = pref.any(axis=1)
-    return np.where(has, np.argmax(pref, axis=1), np.argmax(problem.allowed, axis=1)).astype(np.int32)
-
-
-def group_memory_bytes(problem) -> np.ndarray:
-    """Estimated bytes a group needs on its device: its parameters plus all its ops'
-    outputs (an upper bound on its own working set: the simulator frees outputs once
-    consumed, so real peaks are lower)."""
-    g = problem.graph
-    out = np.bincount(g.group, weights=g.out_bytes, minlength=problem.n_groups)
-    return (problem.group_param_bytes + out).astype(np.int64)
-
-
-def gpu_group_time(problem) -> np.ndarray:
-    """Compute time of each group on the fastest accelerator that may run it (µs);
-    the fastest device it may use when no accelerator may."""
-    acc = accelerators(problem)
-    t = problem.group_time[:, acc].min(axis=1)
-    return np.where(np.isfinite(t), t, problem.group_time.min(axis=1))
-
-
-def group_edges(problem):
-    """Directed group-to-group traffic: (src group, dst group, bytes) with src != dst.
-
-    A tensor is counted once per consuming group (the simulator sends it once per
-    destination device, and a group is one device).
-    """
-    g = problem.graph
-    data = g.edge_tensor >= 0
-    t = g.edge_tensor[data]
-    dg = g.group[g.edge_dst[data]].astype(np.int64)
-    pairs = np.unique(np.stack([t.astype(np.int64), dg]), axis=1)
-    sg = g.group[g.tensor_op[pairs[0]]].astype(np.int64)
-    b = g.tensor_bytes[pairs[0]]
-    keep = sg != pairs[1]
-    sg, dg, b = sg[keep], pairs[1][keep], b[keep]
-    G = problem.n_groups
-    key = sg * G + dg
-    uk, inv = np.unique(key, return_inverse=True)
-    w = np.bincount(inv, weights=b, minlength=len(uk))
-    return (uk // G).astype(np.int64), (uk % G).astype(np.int64), w
-
-
 def undirected_group_graph(problem, nodes=None):
     """CSR (xadj, adjncy, weights) of the undirected group graph restricted to ``nodes``
     (default: all groups), re-indexed 0..len(nodes)-1; weights are summed bytes both ways."""
@@ -127,26 +75,6 @@ def repair_memory(problem, assignment, need=None) -> np.ndarray:
                 used[d] -= need[k]
                 used[t] += need[k]
     return a
-
-
-def score(tracker, assignments):
-    """Score a one-shot method's final candidates.
-
-    Like ``tracker.evaluate``, except that a method whose computation outlasted a
-    seconds budget still gets its answer scored (and counted) rather than none at all:
-    the overshoot shows in the result's seconds. An evaluation budget is never exceeded.
-    """
-    from .base import EvalResult
-
-    A = np.atleast_2d(np.asarray(assignments, dtype=np.int32))
-    if not tracker.done():
-        return tracker.evaluate(A)
-    A = A[: tracker.remaining_evals()]
-    if not len(A):
-        return tracker.evaluate(A)  # raises BudgetExhausted
-    r = tracker.problem.cost_model.simulate_batch(A)
-    tracker.record(A, r.step_time_us, r.feasible, r.peak_memory_bytes)
-    return EvalResult(A, r.step_time_us, r.feasible, r.peak_memory_bytes)
 
 
 def _int_weights(x, top=1 << 20) -> np.ndarray:
@@ -211,7 +139,7 @@ def _movable(problem, acc):
 
 
 # ------------------------------------------------------------------ methods
-@register("metis", seed=7)
+@register("metis", seed_rank=7)
 def metis(problem, budget, seed, tracker):
     """METIS k-way over groups, one part per GPU; host-only groups stay on the CPU."""
     acc = accelerators(problem)
@@ -254,7 +182,7 @@ def _kl_split(xadj, adjncy, w, nodes, k, out, base):
     _kl_split(xadj, adjncy, w, nodes[side == 0], k - k1, out, base + k1)
 
 
-@register("mincut", seed=9)
+@register("mincut", seed_rank=9)
 def mincut(problem, budget, seed, tracker):
     """Min-cut baseline: recursive Kernighan-Lin bisection of the group graph into one
     part per GPU (equal group counts per part; KL minimises the bytes cut)."""

@@ -22,8 +22,10 @@ import logging
 
 import numpy as np
 
-from .annealing import objective, seed_assignments
-from .base import BudgetExhausted, Count, SearchError, Seeds, Size, register
+from .errors import SearchError
+from .registry import Count, Seeds, Size, register
+from .seeding import objective, seed_assignments
+from .tracker import BudgetExhausted
 
 
 def coarsen(problem, variables: int = 100):

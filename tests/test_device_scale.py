@@ -16,7 +16,7 @@ from placetool.cli.main import main
 from placetool.costmodel import Cluster, CostModel, presets
 from placetool.costmodel.cluster import MAX_DEVICES, ClusterError
 from placetool.search import Budget, Problem, run
-from placetool.search.base import BudgetExhausted, Tracker
+from placetool.search import BudgetExhausted, Tracker
 from placetool.search.listsched import heft
 
 

@@ -43,7 +43,7 @@ WITH_EXAMPLES = [(name, path) for name, path in modules() if ">>>" in path.read_
 
 def test_modules_with_examples_are_found():
     names = {n for n, _ in WITH_EXAMPLES}
-    assert {"placetool.search.base", "placetool.rl.env", "placetool.costmodel.graph"} <= names
+    assert {"placetool.search.registry", "placetool.rl.env", "placetool.costmodel.graph"} <= names
 
 
 @pytest.mark.parametrize("name", [n for n, _ in WITH_EXAMPLES])

@@ -62,7 +62,7 @@ def bare_imports(path: Path) -> list[str]:
 
 def test_sources_are_found():
     names = {p.relative_to(ROOT).as_posix() for p in sources()}
-    assert {"costmodel/kernels.py", "search/base.py", "rl/env.py", "cli/main.py", "benchmarks/simulator.py",
+    assert {"costmodel/kernels.py", "search/registry.py", "rl/env.py", "cli/main.py", "benchmarks/simulator.py",
             "tests/helpers.py"} <= names
 
 

@@ -23,7 +23,7 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture(scope="module")
 def client():
-    from placetool.search.sweep import connect_dask
+    from placetool.search.sweeps.sweep import connect_dask
 
     c, cluster = connect_dask(dask=True, workers=2)
     yield c

@@ -9,9 +9,8 @@ from numba.core import event
 
 from placetool.costmodel import CostModel, presets
 from placetool.costmodel.jitclock import compile_seconds, work_clock
-from placetool.search import Budget, Problem, run
-from placetool.search import base as B
-from placetool.search.base import Tracker
+from placetool.search import Budget, Problem, Tracker, run
+from placetool.search import registry as B
 
 from .helpers import compiling
 
@@ -82,7 +81,7 @@ def _compiles_then_scores(problem, budget, seed, tracker):
 
 def test_a_cold_start_searches_its_whole_budget_and_reports_the_compile(monkeypatch):
     monkeypatch.setitem(B.REGISTRY, "compiles-then-scores", B.MethodInfo(
-        "compiles-then-scores", _compiles_then_scores, "compiles, then scores", B.Budget(seconds=1.0), None))
+        "compiles-then-scores", _compiles_then_scores, "compiles, then scores", Budget(seconds=1.0), None))
     p = Problem(CostModel(presets.load_graph("synthetic-100"), presets.load_cluster("k80x2")))
     r = run("compiles-then-scores", p, Budget(seconds=0.3))
     assert r.metadata["scored"] == 1 and r.evaluations == 1

@@ -8,8 +8,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from placetool.search.report import best_methods, build_report, csv_table, latex_tables, markdown, summarize
-from placetool.search.store import ResultStore
+from placetool.search.sweeps.report import best_methods, build_report, csv_table, latex_tables, markdown, summarize
+from placetool.search.sweeps.store import ResultStore
 
 
 def _store(path):

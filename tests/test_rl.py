@@ -770,7 +770,7 @@ def test_critical_prior_weights_the_critical_path_and_the_neighbours_devices():
     logit is untouched."""
     from placetool.rl.guide import CriticalPrior
     from placetool.search.critical import CriticalPath
-    from placetool.search.partition import group_edges
+    from placetool.search.problem import group_edges
 
     p = Problem(CostModel(presets.load_graph("synthetic-40"), presets.load_cluster("k80x4")))
     n, D = p.n_groups, p.n_devices

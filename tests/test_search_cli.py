@@ -8,7 +8,7 @@ import pytest
 
 from placetool.cli.main import main
 from placetool.costmodel import CostModel, presets
-from placetool.search import Problem
+from placetool.search import Budget, Problem
 from tests.helpers import cluster
 
 
@@ -111,7 +111,7 @@ def method_that_fails_midway(monkeypatch):
     a bug would (ZeroDivisionError). Returns (name, step times it scored)."""
     import numpy as np
 
-    import placetool.search.base as B
+    import placetool.search.registry as B
 
     scored = []
 
@@ -122,7 +122,7 @@ def method_that_fails_midway(monkeypatch):
         return 1 / 0
 
     B.get("sa")  # the registry filled first, so the test method is not overwritten
-    monkeypatch.setitem(B.REGISTRY, "fails-midway", B.MethodInfo("fails-midway", fails_midway, "fails", B.Budget(evals=9), None))
+    monkeypatch.setitem(B.REGISTRY, "fails-midway", B.MethodInfo("fails-midway", fails_midway, "fails", Budget(evals=9), None))
     return "fails-midway", scored
 
 

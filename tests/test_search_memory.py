@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from placetool.costmodel import CostModel, OpGraph, presets
 from placetool.search import Budget, Problem, SearchError, Tracker, run
-from placetool.search.annealing import objective, seed_assignments
+from placetool.search.seeding import objective, seed_assignments
 from placetool.search.memory import fit_memory
 
 from .helpers import brute_force, cluster, cost_models, nxgraph

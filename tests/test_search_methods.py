@@ -12,7 +12,8 @@ from placetool.costmodel import CostModel, synthetic
 from placetool.costmodel.graph import OpGraph
 from placetool.search import Budget, Problem, SearchError, check_options, run
 from placetool.search.listsched import _Data, sct_favourite_children, transfer_costs
-from placetool.search.partition import group_memory_bytes, repair_memory
+from placetool.search.partition import repair_memory
+from placetool.search.problem import group_memory_bytes
 from tests.helpers import assignments, cluster, cost_models, nxgraph
 
 OURS = ["expert", "metis", "mincut", "heft", "critical-path", "m-topo", "m-etf", "m-sct"]
@@ -184,7 +185,7 @@ def test_partitioners_cut_the_light_edge(method):
 def test_problem_traffic_is_the_group_edges_computed_once():
     """Known answer on the two cliques: one light edge between them (8 bytes), and every
     reader gets the same read-only arrays."""
-    from placetool.search.partition import group_edges
+    from placetool.search.problem import group_edges
 
     p = two_cliques()
     s, d, w = p.traffic()

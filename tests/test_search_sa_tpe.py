@@ -298,24 +298,24 @@ def test_sa_moves_option_is_checked():
 def test_a_one_shot_seed_that_ends_after_the_seeding_share_still_seeds():
     import time as _time
 
-    from placetool.search import base
-    from placetool.search.annealing import seed_assignments
-    from placetool.search.partition import score
+    from placetool.search import Tracker, registry
+    from placetool.search.seeding import seed_assignments
+    from placetool.search.tracker import score
 
     p = _chain_problem()
 
-    @base.register("slow-one-shot", seed=99)
+    @registry.register("slow-one-shot", seed_rank=99)
     def slow(problem, budget, seed, tracker):
         _time.sleep(0.3)  # past the seeding share of a 0.5 s budget (0.2 s)
         score(tracker, np.array([1, 1], np.int32))
 
     try:
-        tracker = base.Tracker(p, Budget(seconds=0.5))
+        tracker = Tracker(p, Budget(seconds=0.5))
         seeds, skipped = seed_assignments(p, Budget(seconds=0.5), 0, tracker, names=("slow-one-shot",))
         assert [(o, n, a.tolist()) for o, n, a in seeds] == [(2.0, "slow-one-shot", [1, 1])]
         assert tracker.evaluations == 1 and not skipped
     finally:
-        del base.REGISTRY["slow-one-shot"]
+        del registry.REGISTRY["slow-one-shot"]
 
 
 def test_method_table_is_complete_when_first_read_from_many_threads():
@@ -323,8 +323,8 @@ def test_method_table_is_complete_when_first_read_from_many_threads():
     import subprocess
     import sys
 
-    code = ("import threading\nfrom placetool.search import base\nout = []\n"
-            "ts = [threading.Thread(target=lambda: out.append(len(base.methods()))) for _ in range(8)]\n"
+    code = ("import threading\nfrom placetool.search import registry\nout = []\n"
+            "ts = [threading.Thread(target=lambda: out.append(len(registry.methods()))) for _ in range(8)]\n"
             "[t.start() for t in ts]; [t.join() for t in ts]\nprint(sorted(set(out)))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     counts = eval(r.stdout)

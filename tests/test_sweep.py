@@ -19,9 +19,9 @@ import pytest
 
 from placetool import search
 from placetool.costmodel import CostModel, UserError, presets
-from placetool.search.report import markdown, summarize, tables
-from placetool.search.store import KEY, ResultStore, StoreError
-from placetool.search.sweep import SweepError, cpu_count, load_sweep, run_one, run_sweep
+from placetool.search.sweeps.report import markdown, summarize, tables
+from placetool.search.sweeps.store import KEY, ResultStore, StoreError
+from placetool.search.sweeps.sweep import SweepError, cpu_count, load_sweep, run_one, run_sweep
 
 from .helpers import compiling
 
@@ -299,12 +299,13 @@ def _compiles_past_the_timeout(problem, budget, seed, tracker):
 
 @pytest.mark.timeout(60)
 def test_a_runs_timeout_leaves_compiling_out_as_its_budget_does(monkeypatch):
-    from placetool.search import base as B
-    from placetool.search import sweep
-    from placetool.search.sweep import Run
+    from placetool.search import Budget
+    from placetool.search import registry as B
+    from placetool.search.sweeps import sweep
+    from placetool.search.sweeps.sweep import Run
 
     monkeypatch.setitem(B.REGISTRY, "compiles-past-timeout", B.MethodInfo(
-        "compiles-past-timeout", _compiles_past_the_timeout, "compiles, then scores", B.Budget(evals=1), None))
+        "compiles-past-timeout", _compiles_past_the_timeout, "compiles, then scores", Budget(evals=1), None))
     run = Run("synthetic-100", "synthetic-100", "k80x2", "k80x2", "compiles-past-timeout", 0, 1, None,
               timeout_seconds=0.5)
     rec = run_one(run)
@@ -402,7 +403,7 @@ def _key(seed):
 
 
 def test_a_claimed_point_is_refused_to_another_driver(tmp_path):
-    from placetool.search.store import ResultStore
+    from placetool.search.sweeps.store import ResultStore
 
     with ResultStore(tmp_path / "r.db") as a, ResultStore(tmp_path / "r.db") as b:
         assert a.claim(_key(0), "A") and a.claim(_key(0), "A")      # its own claim: still its own
@@ -423,7 +424,7 @@ def test_a_claim_of_a_dead_driver_is_taken_over(tmp_path):
     import subprocess
     import sys
 
-    from placetool.search.store import ResultStore
+    from placetool.search.sweeps.store import ResultStore
 
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()  # a pid that has ended
@@ -454,7 +455,7 @@ def test_two_sweeps_on_one_store_split_the_grid(tmp_path):
     assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
     ran = [json.loads(o[0])["ran"] for o in outs]
     assert sum(ran) == 4, ran  # each point once (before claims, each sweep ran all 4)
-    from placetool.search.store import ResultStore
+    from placetool.search.sweeps.store import ResultStore
 
     with ResultStore(tmp_path / "r.db", create=False) as s:
         assert s.count("ok") == 4

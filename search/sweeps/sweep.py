@@ -1,5 +1,5 @@
 """Sweeps: every (graph, cluster, method, seed) of a TOML sweep file, run on a process pool
-or a Dask cluster, each result a row of the SQLite store (:mod:`placetool.search.store`).
+or a Dask cluster, each result a row of the SQLite store (:mod:`placetool.search.sweeps.store`).
 
 A sweep file::
 
@@ -83,7 +83,7 @@ class Run:
 
     @property
     def key(self) -> tuple:
-        """The store's unique key (see :data:`placetool.search.store.KEY`)."""
+        """The store's unique key (see :data:`placetool.search.sweeps.store.KEY`)."""
         return (self.graph, self.cluster, self.method, self.seed, self.budget, self.options_json)
 
     def __hash__(self) -> int:  # option values may be lists or tables (unhashable)
@@ -500,7 +500,7 @@ def _mp_context():
     # forkserver: cheap restarts after a worker dies; never fork the (maybe threaded) driver
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["placetool.search.sweep"])
+        ctx.set_forkserver_preload(["placetool.search.sweeps.sweep"])
         return ctx
     return mp.get_context("spawn")
 
