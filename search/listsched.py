@@ -67,14 +67,6 @@ from .tracker import BudgetExhausted, score
 LINKS = ("queued", "ideal")
 
 
-def transfer_costs(cluster) -> np.ndarray:
-    """(4, devices) µs: per-message and per-byte send cost, then receive cost, of each
-    device (zero for a cluster that does not model them)."""
-    keys = ("send_us", "send_us_per_byte", "recv_us", "recv_us_per_byte")
-    return np.ascontiguousarray([[float(getattr(d, k, 0.0) or 0.0) for d in cluster.devices] for k in keys],
-                                np.float64)
-
-
 # --------------------------------------------------------------------- heaps
 @njit(cache=True)
 def _hpop(k1, k2, ids, size):
@@ -712,7 +704,7 @@ class _Data:
         co = ce[np.argsort(g.edge_dst[ce], kind="stable")]
         self.cpred_src = np.ascontiguousarray(g.edge_src[co], np.int64)
         self.cpred_ptr = np.searchsorted(g.edge_dst[co], np.arange(n + 1)).astype(np.int64)
-        self.xc = transfer_costs(cl)
+        self.xc = cl.transfer_costs()
         self.group = np.ascontiguousarray(g.group, np.int64)
         self.gmem = group_memory_bytes(problem).astype(np.float64)
         self.cap = cm.capacity.astype(np.float64)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from placetool.costmodel import CostModel, synthetic
 from placetool.costmodel.graph import OpGraph
 from placetool.search import Budget, Problem, SearchError, check_options, run
-from placetool.search.listsched import _Data, sct_favourite_children, transfer_costs
+from placetool.search.listsched import _Data, sct_favourite_children
 from placetool.search.partition import repair_memory
 from placetool.search.problem import group_memory_bytes
 from tests.helpers import assignments, cluster, cost_models, nxgraph
@@ -362,7 +362,7 @@ def test_etf_timeline_of_a_fixed_placement_is_the_simulation(data):
     # transfers take time (a zero-length one ends within the instant the simulator has
     # already dispatched, an order the scheduler does not model).
     drawn = data.draw(cost_models(max_ops=30))
-    assume(not transfer_costs(drawn.cluster).any())
+    assume(not drawn.cluster.transfer_costs().any())
     c = drawn.cluster
     c.latency_us[:] += 1.0 - np.eye(c.n_devices)
     cm = CostModel(drawn.graph, c, op_times=drawn.T + 1.0)
