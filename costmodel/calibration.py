@@ -396,6 +396,27 @@ def with_transfer_params(cluster, params: dict, kinds=("cpu",)):
     return Cluster(cluster.name, devices, lat, bw, dict(cluster.metadata), cluster.link_queue)
 
 
+def unfitted_cluster(cluster, profile=None, kinds=("cpu",)):
+    """``cluster`` as it was before :func:`with_transfer_params`: each link's measured
+    latency and bandwidth (the profile's lone-transfer timings, where it has them) and no
+    device-side transfer cost on devices of ``kinds``: what a refit starts from."""
+    from dataclasses import replace
+
+    from .cluster import Cluster
+
+    lat = np.array(cluster.latency_us, np.float64)
+    bw = np.array(cluster.bandwidth_bytes_per_us, np.float64)
+    index = {n: i for i, n in enumerate(cluster.names)}
+    for link in (profile.links if profile is not None else []):
+        a, b = index.get(link["src"]), index.get(link["dst"])
+        if a is not None and b is not None:
+            lat[a, b] = float(link.get("latency_measured_us", link["latency_us"]))
+            bw[a, b] = float(link["bandwidth_bytes_per_us"])
+    zero = dict.fromkeys(("send_us", "send_us_per_byte", "recv_us", "recv_us_per_byte"), 0.0)
+    devices = [replace(d, **zero) if d.kind in kinds else d for d in cluster.devices]
+    return Cluster(cluster.name, devices, lat, bw, dict(cluster.metadata), cluster.link_queue)
+
+
 @dataclass
 class TransferFit:
     """Fitted transfer costs and how well they predict measured steps (errors in %)."""

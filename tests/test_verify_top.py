@@ -252,3 +252,50 @@ def test_verify_top_on_an_imported_user_model(tmp_path):
                                    "confirmed": v["confirmed"]}
     used = sorted(set(written["devices"].values()))
     assert used == rec["devices_used"]
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["-g", "synthetic-1k", "--refine", "2"], "--refine only applies with --verify-top"),
+    (["-g", "synthetic-1k", "--verify-top", "1", "--testbed", "2", "--refine", "2", "--profile-out", "p.json"],
+     "--profile-out needs --refine and --profile"),
+])
+def test_refine_options_are_checked_before_anything_runs(args, msg):
+    r = placetool("search", "--method", "single", *args)
+    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_refine_measures_refits_and_searches_again(tmp_path):
+    """--verify-top 2 --refine 2 on a 2-worker testbed: each round measures the search's
+    picks, two diverse splits and the baselines, refits the transfer costs on every step
+    measured so far (the diverse ones held out) and searches again from the best measured."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "pt_user_towers.py").write_text(MODEL)
+    graph = tmp_path / "my.npz"
+    assert placetool("import", "pt_user_towers:two_towers", "--batch", "32", "--out", str(graph),
+                     cwd=models).returncode == 0
+    cluster = tmp_path / "cpu2.toml"
+    cluster.write_text(CPU2)
+    r = placetool("search", "-g", str(graph), "-c", str(cluster), "--method", "sa", "--budget-evals", "60",
+                  "--verify-top", "2", "--refine", "2", "--testbed", "2", "--json", "--trust-graph-source",
+                  cwd=models)
+    assert r.returncode == 0, r.stderr
+    v = json.loads(r.stdout)["verified"]
+    rounds = v["refine"]["rounds"]
+    assert 1 <= len(rounds) <= 2 and v["refine"]["stopped"] in ("prediction within the noise floor", "rounds")
+    labels = [x["label"] for x in v["rows"]]
+    assert "diverse #1" in labels and "diverse #2" in labels and "single" in labels
+    for i, t in enumerate(rounds):
+        assert t["round"] == i + 1 and t["samples"] >= 5  # 2 picks, 2 diverse, single (+ a baseline)
+        assert t["error_pct"] == pytest.approx(100 * (t["predicted_us"] - t["measured_us"]) / t["measured_us"])
+        assert t["held_out_median_abs_error_pct"] is not None and set(t["params"]) >= {"latency_us", "send_us"}
+    n = [t["samples"] for t in rounds]
+    assert all(b > a for a, b in zip(n, n[1:]))  # every round's steps join the fit
+    if len(rounds) == 2:
+        assert "best measured (" in " ".join(labels)  # the best so far is measured again in the next round
+    # never recommended slower than the best baseline beyond the noise
+    rec = v["rows"][v["recommended"]]
+    base = min(x["measured_us"] for x in v["rows"] if x["source"] not in ("search", "diverse"))
+    assert rec["measured_us"] <= base * (1 + v["noise_floor_pct"] / 100)
