@@ -130,14 +130,14 @@ class IncrementalSimulator:
         w.op_end[: self.n] = self.b_op_end
         K.run_incremental(self.net, w, self.ck, b, p, self._no_moved, j, self.n_ck, True, self.every, False)
         self.b_op_end[:] = w.op_end[: self.n]
-        n_x = int(w.sc[1])
-        self.n_ck = int(w.sc[2])
+        n_x = int(w.sc[K.SC_N_X])
+        self.n_ck = int(w.sc[K.SC_N_CK])
         b.x_tensor[:n_x] = w.x_tensor[:n_x]
         b.x_src[:n_x] = w.x_src[:n_x]
         b.x_dst[:n_x] = w.x_dst[:n_x]
         b.copy_of[:] = -1
         b.copy_of[b.x_tensor[:n_x] * self.D + b.x_dst[:n_x]] = np.arange(n_x)
-        self.base_step_us = float(w.sf[0])
+        self.base_step_us = float(w.sf[K.SF_MAKESPAN])
         self.base_livepeak = w.livepeak.copy()
         self.params = np.bincount(p, weights=self.param_bytes, minlength=self.D).astype(np.int64)
         # live peak after each checkpoint, to finish a converged run without simulating
@@ -218,13 +218,13 @@ class IncrementalSimulator:
                                         False, self.every, self.converge)
         finally:
             w.moved[ops] = False
-        return float(w.sf[0]), w.livepeak.copy(), matched
+        return float(w.sf[K.SF_MAKESPAN]), w.livepeak.copy(), matched
 
     def _result(self, job, run) -> MoveResult:
         ops, devices, j = job
         ms, livepeak, matched = run
         if matched >= 0:
-            if self.base_step_us > self.ck.f[matched, 1]:
+            if self.base_step_us > self.ck.f[matched, K.CKF_MAKESPAN]:
                 ms = max(ms, self.base_step_us)
             livepeak = np.maximum(livepeak, self.ck_suffix[matched])
         params = self.params.copy()
@@ -237,7 +237,7 @@ class IncrementalSimulator:
             np.subtract.at(params, self.placement[ops], self.param_bytes[ops])
         peak = params + livepeak
         feasible = bool(np.isfinite(ms) and np.all(peak <= self.cm.capacity))
-        t0 = float(self.ck.f[j, 0]) if j >= 0 else 0.0
+        t0 = float(self.ck.f[j, K.CKF_NEXT_T]) if j >= 0 else 0.0
         return MoveResult(ms, feasible, peak, t0, matched >= 0)
 
     # --------------------------------------------------------------- helpers
@@ -266,8 +266,8 @@ class IncrementalSimulator:
         # the last checkpoint before any event at time t was handled: zero-time ops and
         # transfers give several checkpoints one time; only a "clean" one (taken before
         # any event of its instant) may share t
-        j = int(np.searchsorted(self.ck.f[: self.n_ck, 0], t, side="right")) - 1
-        while j >= 0 and self.ck.f[j, 0] == t and not self.ck.i[j, 3]:
+        j = int(np.searchsorted(self.ck.f[: self.n_ck, K.CKF_NEXT_T], t, side="right")) - 1
+        while j >= 0 and self.ck.f[j, K.CKF_NEXT_T] == t and not self.ck.i[j, K.CKI_CLEAN]:
             j -= 1
         return j
 

@@ -18,12 +18,14 @@ for the checkpoints). The modules:
 
 from .checkpoints import converged, restore, save
 from .entry import critical_path, device_peak, placement_violation, run_incremental, simulate_full, simulate_rows
-from .loop import RECV_DONE, SEND_DONE, XFER_DONE, OP_DONE, _run
+from .loop import OP_DONE, RECV_DONE, SEND_DONE, XFER_DONE, _run
 from .queues import READY_SCAN, SORT_BLOCK, evq_push, readyq_push, readyq_sort, taskq_push, time_bits
-from .state import (LOW, U64, Base, Checkpoints, Net, Work, init_fresh, make_base, make_checkpoints, make_net,
-                    make_work, set_bases, work_for)
+from .state import (CKF_MAKESPAN, CKF_NEXT_T, CKI_CLEAN, LOW, SC_N_CK, SC_N_X, SF_MAKESPAN, U64, Base,
+                    Checkpoints, Net, Work, init_fresh, make_base, make_checkpoints, make_net, make_work, set_bases,
+                    work_for)
 
 __all__ = [
+    "CKF_MAKESPAN", "CKF_NEXT_T", "CKI_CLEAN", "SC_N_CK", "SC_N_X", "SF_MAKESPAN",
     "Base", "Checkpoints", "LOW", "Net", "OP_DONE", "READY_SCAN", "RECV_DONE", "SEND_DONE", "SORT_BLOCK", "U64",
     "Work", "XFER_DONE", "_run", "converged", "critical_path", "device_peak", "evq_push", "init_fresh", "make_base",
     "make_checkpoints", "make_net", "make_work", "placement_violation", "readyq_push", "readyq_sort", "restore",

@@ -7,7 +7,7 @@ import numpy as np
 from numba import njit
 
 from .loop import _run
-from .state import U64, init_fresh
+from .state import SC_N_X, SF_MAKESPAN, U64, init_fresh
 
 
 @njit(cache=True, error_model="numpy")
@@ -22,7 +22,7 @@ def simulate_full(net, w, placement, trace):
         if not np.isfinite(w.tp[op]):
             return np.inf, 0
     _run(net, w, None, None, placement, np.zeros(0, np.intp), -1, 0, False, 1, False, False, trace)
-    return w.sf[0], w.sc[1]
+    return w.sf[SF_MAKESPAN], w.sc[SC_N_X]
 
 
 @njit(cache=True)

@@ -23,7 +23,8 @@ from numba import njit
 
 from .checkpoints import converged, save
 from .queues import evq_push, readyq_push, readyq_sort, taskq_push, time_bits
-from .state import LOW, U64
+from .state import (CKF_NEXT_T, CKI_WM, CKI_WO, LOW, RECV_US, RECV_US_PER_BYTE, SC_EPOCH, SC_N_CK, SC_N_EV, SC_N_X,
+                    SEND_US, SEND_US_PER_BYTE, SF_MAKESPAN, SF_NOW, TASK_SEND_END, TASK_SEND_START, U64)
 
 # Event kinds, in the order events of one instant are handled (see reference.py).
 OP_DONE = 0
@@ -42,7 +43,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     With ``INCR`` (a literal): ``record`` saves a checkpoint every ``every`` events into
     the slots after ``start_ck``; ``check`` compares the state with the base run's
     checkpoints after ``start_ck`` (up to ``n_ck``) and stops at the first that matches.
-    Returns the matched checkpoint or -1; the makespan is left in ``w.sf[0]``.
+    Returns the matched checkpoint or -1; the makespan is left in ``w.sf[SF_MAKESPAN]``.
 
     A full run passes ``ck`` and ``base`` as None and literal constants for the rest:
     numba compiles a loop per set of literals, LLVM folds the ``INCR`` tests away, and
@@ -74,11 +75,11 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     D = live.shape[0]
     n = placement.shape[0]
     key_span = np.int64(max(n, tensor_cons.shape[0]) + 1)
-    n_ev = w.sc[0]
-    n_x = w.sc[1]
-    epoch = w.sc[3]
-    makespan = w.sf[0]
-    now = w.sf[1]
+    n_ev = w.sc[SC_N_EV]
+    n_x = w.sc[SC_N_X]
+    epoch = w.sc[SC_EPOCH]
+    makespan = w.sf[SF_MAKESPAN]
+    now = w.sf[SF_NOW]
     n_pending = 0
     # dispatch visits only devices that may start a task: every device first, then those
     # that fell idle or got a ready task while idle (an idle device has nothing ready
@@ -106,7 +107,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     cj = start_ck + 1  # next base checkpoint to compare against
     cj_t = np.inf  # its time: an instant before it needs no comparison
     if ck is not None and cj < n_ck:
-        cj_t = ck.f[cj, 0]
+        cj_t = ck.f[cj, CKF_NEXT_T]
     fresh = start_ck < 0  # no event handled yet
     # op-weighted sums of missing inputs and output references: a cheap first test of
     # whether two states can be equal (a restored checkpoint saved its own)
@@ -114,8 +115,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     wo = np.int64(0)
     if ck is not None:
         if start_ck >= 0:
-            wm = ck.i[start_ck, 4]
-            wo = ck.i[start_ck, 5]
+            wm = ck.i[start_ck, CKI_WM]
+            wo = ck.i[start_ck, CKI_WO]
         else:
             for op in range(n):
                 wm += missing[op] * np.int64(op + 1)
@@ -123,7 +124,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
 
     matched = -1
     while True:
-        # ---- dispatch: idle devices start their best ready task, idle links their oldest transfer
+        # ==== reference.dispatch: idle devices start their best ready task (an op, or a
+        # send or receive task), idle links their oldest transfer
         for k in range(n_dpend):
             d = dpend[U64(k)]
             dev_pending[U64(d)] = False
@@ -140,12 +142,13 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 x = task >> 1
                 recv = task & 1
                 b = tensor_bytes[U64(x_tensor[U64(x)])]
-                dur = xcost[U64(2 * recv), U64(d)] + b * xcost[U64(2 * recv + 1), U64(d)]
+                dur = (xcost[U64(SEND_US + 2 * recv), U64(d)]
+                       + b * xcost[U64(SEND_US_PER_BYTE + 2 * recv), U64(d)])
                 running[U64(d)] = True
                 busy[U64(d)] += dur
                 if trace:
-                    x_task[U64(x), U64(2 * recv)] = now
-                    x_task[U64(x), U64(2 * recv + 1)] = now + dur
+                    x_task[U64(x), U64(TASK_SEND_START + 2 * recv)] = now
+                    x_task[U64(x), U64(TASK_SEND_END + 2 * recv)] = now + dur
                 n_ev = evq_push(ev_b, ev_k, ev_id, n_ev, time_bits(ev_t, ev_b, n_ev, now + dur),
                                  (SEND_DONE + 2 * recv) * key_span + x, x)
             elif rq_size[U64(d)] > 0:
@@ -204,16 +207,16 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                     next_ck += 1
                     since = 0
             if check and ev_t[n_ev - 1] >= cj_t:
-                while cj < n_ck and ck_f[cj, 0] < ev_t[n_ev - 1]:
+                while cj < n_ck and ck_f[cj, CKF_NEXT_T] < ev_t[n_ev - 1]:
                     cj += 1
-                if cj < n_ck and ck_f[cj, 0] == ev_t[n_ev - 1]:
+                if cj < n_ck and ck_f[cj, CKF_NEXT_T] == ev_t[n_ev - 1]:
                     if n_moved_done == n_moved and converged(net, ck, base, cj, w, placement, moved_ops, n_ev, n_x,
                                                              key_span, wm, wo):
                         matched = cj
                         break
                     cj += 1
-                cj_t = ck_f[cj, 0] if cj < n_ck else np.inf
-        # ---- handle every event of the next instant
+                cj_t = ck_f[cj, CKF_NEXT_T] if cj < n_ck else np.inf
+        # ==== reference.simulate's inner loop: handle every event of the next instant
         if ev_t[n_ev - 1] > now:
             epoch += 1
             if INCR:  # only checkpoints read instants back
@@ -228,7 +231,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 since += 1
                 fresh = False
             if kind_key < key_span:
-                # -- an op ended: free what its inputs held, hand its outputs on
+                # ==== reference.op_done: an op ended: free what its inputs held (release_output),
+                # hand its outputs on (input_arrived locally, a new transfer to each other device)
                 op = i
                 d = placement[U64(op)]
                 running[U64(d)] = False
@@ -281,7 +285,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         x_dst[U64(x)] = dc
                         x_refs[U64(x)] = 1
                         refs += 1
-                        if has_tasks and xcost[0, U64(d)] + tensor_bytes[U64(t)] * xcost[1, U64(d)] != 0.0:
+                        if has_tasks and (xcost[SEND_US, U64(d)]
+                                          + tensor_bytes[U64(t)] * xcost[SEND_US_PER_BYTE, U64(d)]) != 0.0:
                             x_next[U64(x)] = -1
                             tq_size[U64(d)] = taskq_push(tq_k1, tq_k2, tq_id, tq_base[U64(d)], tq_size[U64(d)],
                                                          (epoch << 32) | rank[U64(op)], (t * D + dc) * 2, x * 2)
@@ -315,7 +320,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 if refs == 0:
                     live[U64(d)] -= out_bytes[U64(op)]
             elif kind_key < 2 * key_span:
-                # -- a send task ended: the transfer joins its link's queue
+                # ==== reference.send_done: a send task ended: the transfer joins its link's queue (to_link)
                 x = i
                 s = x_src[U64(x)]
                 running[U64(s)] = False
@@ -339,8 +344,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 t = x_tensor[U64(x)]
                 dd = x_dst[U64(x)]
                 if kind_key < 3 * key_span:
-                    # -- a link transfer ended: the link is free, the source copy may be
-                    # freed, the tensor is on its destination unless a receive task runs first
+                    # ==== reference.xfer_done: a link transfer ended: the link is free, the source
+                    # copy may be freed, the tensor is on its destination unless a receive task runs first
                     s = x_src[U64(x)]
                     l = s * D + dd
                     link_busy[U64(l)] = False
@@ -353,7 +358,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                     wo -= prod + 1
                     if out_refs[U64(prod)] == 0:
                         live[U64(s)] -= out_bytes[U64(prod)]
-                    if has_tasks and xcost[2, U64(dd)] + tensor_bytes[U64(t)] * xcost[3, U64(dd)] != 0.0:
+                    if has_tasks and (xcost[RECV_US, U64(dd)]
+                                      + tensor_bytes[U64(t)] * xcost[RECV_US_PER_BYTE, U64(dd)]) != 0.0:
                         tq_size[U64(dd)] = taskq_push(tq_k1, tq_k2, tq_id, tq_base[U64(dd)], tq_size[U64(dd)],
                                                       (epoch << 32) | rank[U64(prod)], (t * D + dd) * 2 + 1,
                                                       x * 2 + 1)
@@ -363,13 +369,14 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                             n_dpend += 1
                         continue
                 else:
-                    # -- a receive task ended: dd is free, and the tensor is on it
+                    # ==== reference.recv_done: a receive task ended: dd is free, and the tensor is on it
                     running[U64(dd)] = False
                     if not dev_pending[U64(dd)]:
                         dev_pending[U64(dd)] = True
                         dpend[U64(n_dpend)] = dd
                         n_dpend += 1
-                # -- the tensor is on dd: its consumers there have one input fewer to wait for
+                # ==== reference.arrived (from xfer_done or recv_done): the tensor is on dd, its
+                # consumers there have one input fewer to wait for (input_arrived)
                 for e in range(tensor_ptr[U64(t)], tensor_ptr[U64(t + 1)]):
                     c = tensor_cons[U64(e)]
                     # which consumers sit on dd depends on the placement alone, so a test
@@ -390,11 +397,11 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
         if record and next_ck > 0 and matched < 0:
             for d in range(D):
                 ck.seg[next_ck - 1, d] = seg[d]
-    w.sc[0] = n_ev
-    w.sc[1] = n_x
-    w.sc[3] = epoch
+    w.sc[SC_N_EV] = n_ev
+    w.sc[SC_N_X] = n_x
+    w.sc[SC_EPOCH] = epoch
     if INCR and record:
-        w.sc[2] = next_ck
-    w.sf[0] = makespan
-    w.sf[1] = now
+        w.sc[SC_N_CK] = next_ck
+    w.sf[SF_MAKESPAN] = makespan
+    w.sf[SF_NOW] = now
     return matched

@@ -36,6 +36,52 @@ U64 = np.uint64
 #: the low half of a ready key: the op's rank
 LOW = np.int64(0xFFFFFFFF)
 
+# Named slots of the small arrays that carry scalars (numba folds these global ints).
+# ``Work.sc``, int64: the loop's integer state between calls
+SC_N_EV = 0  # pending events
+SC_N_X = 1  # transfers made
+SC_N_CK = 2  # checkpoints recorded (incremental runs that record)
+SC_EPOCH = 3  # distinct event instants so far
+N_SC = 4
+# ``Work.sf``, float64
+SF_MAKESPAN = 0
+SF_NOW = 1  # the last instant handled
+N_SF = 2
+# ``Net.xcost`` rows: a device's send and receive task costs (its columns are devices)
+SEND_US = 0
+SEND_US_PER_BYTE = 1
+RECV_US = 2
+RECV_US_PER_BYTE = 3
+# ``Work.x_task`` columns: the send task's start and end, then the receive task's (a
+# task of kind SEND + recv starts at column 2 * recv)
+TASK_SEND_START = 0
+TASK_SEND_END = 1
+TASK_RECV_START = 2
+TASK_RECV_END = 3
+# ``Checkpoints.f``, float64 per checkpoint
+CKF_NEXT_T = 0  # the next event's time
+CKF_MAKESPAN = 1
+CKF_NOW = 2
+N_CKF = 3
+# ``Checkpoints.i``, int64 per checkpoint
+CKI_N_X = 0
+CKI_N_EV = 1
+CKI_EPOCH = 2
+CKI_CLEAN = 3  # saved before any event of its instant was handled
+CKI_WM = 4  # op-weighted sum of missing inputs (a cheap first test of equal states)
+CKI_WO = 5  # op-weighted sum of output references
+CKI_TASK_OFF = 6  # where its queued tasks start in the task pool
+CKI_N_TASKS = 7  # how many
+N_CKI = 8
+# rows of ``Checkpoints.link`` (per link), ``.op`` (per op) and ``.x`` (per transfer)
+CK_LINK_HEAD = 0
+CK_LINK_TAIL = 1
+CK_LINK_BUSY = 2
+CK_OP_MISSING = 0
+CK_OP_OUT_REFS = 1
+CK_X_REFS = 0
+CK_X_NEXT = 1
+
 
 class Net(NamedTuple):
     """The graph on the cluster, as the engine reads it (index arrays are int32)."""
@@ -56,7 +102,7 @@ class Net(NamedTuple):
     n_inputs: np.ndarray  # [n] data + control edges in
     latency: np.ndarray  # float64 [D, D]
     bandwidth: np.ndarray  # float64 [D, D]
-    xcost: np.ndarray  # float64 [4, D]: send_us, send_us_per_byte, recv_us, recv_us_per_byte
+    xcost: np.ndarray  # float64 [4, D]: rows SEND_US, SEND_US_PER_BYTE, RECV_US, RECV_US_PER_BYTE
     has_tasks: bool  # some device has a nonzero send/receive cost
     fifo_links: bool  # transfers on one link run one at a time (cluster.link_queue "fifo"), else side by side
 
@@ -118,11 +164,11 @@ class Work(NamedTuple):
     op_end: np.ndarray  # float64 [n] (traced and incremental runs)
     x_start: np.ndarray  # float64 link start and end (traced runs only)
     x_end: np.ndarray
-    x_task: np.ndarray  # float64 [n_data, 4] send start, end, receive start, end (traced; NaN set by the caller)
+    x_task: np.ndarray  # float64 [n_data, 4] columns TASK_* (traced; NaN set by the caller)
     moved: np.ndarray  # bool [n] ops a move changed (incremental only)
     mark: np.ndarray  # [n] scratch
-    sc: np.ndarray  # int64 [4]: n_ev, n_x, n_checkpoints, epoch
-    sf: np.ndarray  # float64 [2]: makespan, now (the last instant handled)
+    sc: np.ndarray  # int64 [N_SC]: slots SC_*
+    sf: np.ndarray  # float64 [N_SF]: slots SF_*
     dev_pending: np.ndarray  # bool [D] device in ``dpend`` (may start a task at the next dispatch)
     dpend: np.ndarray  # [D]
     tp: np.ndarray  # float64 [n] each op's time on its device (gathered by set_bases)
@@ -142,19 +188,21 @@ def make_work(n, nt, n_data, D, fifo_links=True):
     # per transfer in flight), plus time_bits' free slot
     E = 2 * D + (L if fifo_links else max(L, m)) + 1
     ip = np.int32  # half the memory traffic of intp (see the module docstring)
+    z = np.zeros
     return Work(
-        np.zeros(D, np.int64), np.zeros(D, np.int64), np.zeros(D, np.int64), np.zeros(D), np.zeros(D, np.bool_),
-        np.zeros(n1, np.int64), np.zeros(D, ip), np.zeros(D, ip),
-        np.zeros(2 * m, np.int64), np.zeros(2 * m, np.int64), np.zeros(2 * m, ip), np.zeros(D, ip), np.zeros(D, ip),
-        np.zeros(cap + 1), np.zeros(n1, ip), np.zeros(n1, ip),
-        np.zeros(m, ip), np.zeros(m, ip), np.zeros(m, ip), np.zeros(m, ip), np.zeros(m, ip),
-        np.full(max(nt, 1) * D, -1, ip),
-        np.full(L, -1, ip), np.full(L, -1, ip), np.zeros(L, np.bool_), np.zeros(L, np.bool_), np.zeros(L, ip),
-        np.zeros(E), np.zeros(E, np.int64), np.zeros(E, ip),
-        np.zeros(n1), np.zeros(n1), np.zeros(m), np.zeros(m), np.zeros((m, 4)),
-        np.zeros(n1, np.bool_), np.zeros(n1, ip), np.zeros(4, np.int64), np.zeros(2),
-        np.zeros(D, np.bool_), np.zeros(D, ip), np.zeros(n1), np.zeros(D, ip),
-        np.full(D, -1, ip), np.full(n1, -1, ip), np.zeros(D, np.bool_),
+        live=z(D, np.int64), livepeak=z(D, np.int64), seg=z(D, np.int64), busy=z(D), running=z(D, np.bool_),
+        rq=z(n1, np.int64), rq_base=z(D, ip), rq_size=z(D, ip),
+        tq_k1=z(2 * m, np.int64), tq_k2=z(2 * m, np.int64), tq_id=z(2 * m, ip), tq_base=z(D, ip), tq_size=z(D, ip),
+        epoch_time=z(cap + 1), missing=z(n1, ip), out_refs=z(n1, ip),
+        x_tensor=z(m, ip), x_src=z(m, ip), x_dst=z(m, ip), x_refs=z(m, ip), x_next=z(m, ip),
+        copy_of=np.full(max(nt, 1) * D, -1, ip),
+        link_head=np.full(L, -1, ip), link_tail=np.full(L, -1, ip), link_busy=z(L, np.bool_),
+        link_pending=z(L, np.bool_), pending=z(L, ip),
+        ev_t=z(E), ev_k=z(E, np.int64), ev_id=z(E, ip),
+        op_start=z(n1), op_end=z(n1), x_start=z(m), x_end=z(m), x_task=z((m, 4)),
+        moved=z(n1, np.bool_), mark=z(n1, ip), sc=z(N_SC, np.int64), sf=z(N_SF),
+        dev_pending=z(D, np.bool_), dpend=z(D, ip), tp=z(n1), sent=z(D, ip),
+        last_op=np.full(D, -1, ip), op_prev=np.full(n1, -1, ip), rq_unsorted=z(D, np.bool_),
     )
 
 
@@ -167,25 +215,25 @@ def work_for(net: Net) -> Work:
 class Checkpoints(NamedTuple):
     """Saved states of a base run (leading axis: checkpoint)."""
 
-    f: np.ndarray  # float64 [C, 3]: next event time, makespan, now
-    i: np.ndarray  # int64 [C, 8]: n_x, n_ev, epoch, clean, 2 checksums, task offset, task count
+    f: np.ndarray  # float64 [C, N_CKF]: slots CKF_*
+    i: np.ndarray  # int64 [C, N_CKI]: slots CKI_*
     busy: np.ndarray  # [C, D]
     live: np.ndarray
     livepeak: np.ndarray
     running: np.ndarray
     rqsize: np.ndarray
     tqsize: np.ndarray
-    link: np.ndarray  # [C, 3, L] head, tail, busy
+    link: np.ndarray  # [C, 3, L] rows CK_LINK_*: head, tail, busy
     ev_t: np.ndarray  # [C, E] the event queue
     ev_k: np.ndarray
     ev_id: np.ndarray
-    op: np.ndarray  # [C, 2, n] missing, out_refs
+    op: np.ndarray  # [C, 2, n] rows CK_OP_*: missing, out_refs
     rq: np.ndarray  # [C, n] ready-op keys, device by device
     rqready: np.ndarray  # [C, n] their ready times
-    x: np.ndarray  # [C, 2, n_data] refs, next
+    x: np.ndarray  # [C, 2, n_data] rows CK_X_*: refs, next
     seg: np.ndarray  # [C, D] live peak of the segment that starts at each checkpoint
     alive: np.ndarray  # [C] transfers with refs > 0
-    tq_k1: np.ndarray  # [P] pool of saved task queues (checkpoint j at i[j, 6], i[j, 7] long)
+    tq_k1: np.ndarray  # [P] pool of saved task queues (checkpoint j at i[j, CKI_TASK_OFF], i[j, CKI_N_TASKS] long)
     tq_k2: np.ndarray
     tq_id: np.ndarray
     tq_ready: np.ndarray
@@ -195,13 +243,14 @@ def make_checkpoints(C, n, n_data, D, pool):
     """Room for C checkpoints; ``pool`` queued send/receive tasks across all of them."""
     L, E = D * D, 2 * D + D * D
     n1, m, P = max(n, 1), max(n_data, 1), max(pool, 1)
+    z = np.zeros
     return Checkpoints(
-        np.zeros((C, 3)), np.zeros((C, 8), np.int64), np.zeros((C, D)), np.zeros((C, D), np.int64),
-        np.zeros((C, D), np.int64), np.zeros((C, D), np.bool_), np.zeros((C, D), np.intp), np.zeros((C, D), np.intp),
-        np.zeros((C, 3, L), np.intp), np.zeros((C, E)), np.zeros((C, E), np.int64), np.zeros((C, E), np.intp),
-        np.zeros((C, 2, n1), np.intp), np.zeros((C, n1), np.int64), np.zeros((C, n1)), np.zeros((C, 2, m), np.intp),
-        np.zeros((C, D), np.int64), np.zeros(C, np.int64),
-        np.zeros(P, np.int64), np.zeros(P, np.int64), np.zeros(P, np.intp), np.zeros(P),
+        f=z((C, N_CKF)), i=z((C, N_CKI), np.int64), busy=z((C, D)), live=z((C, D), np.int64),
+        livepeak=z((C, D), np.int64), running=z((C, D), np.bool_), rqsize=z((C, D), np.intp), tqsize=z((C, D), np.intp),
+        link=z((C, 3, L), np.intp), ev_t=z((C, E)), ev_k=z((C, E), np.int64), ev_id=z((C, E), np.intp),
+        op=z((C, 2, n1), np.intp), rq=z((C, n1), np.int64), rqready=z((C, n1)), x=z((C, 2, m), np.intp),
+        seg=z((C, D), np.int64), alive=z(C, np.int64),
+        tq_k1=z(P, np.int64), tq_k2=z(P, np.int64), tq_id=z(P, np.intp), tq_ready=z(P),
     )
 
 
@@ -217,7 +266,8 @@ class Base(NamedTuple):
 def make_base(nt, n_data, D):
     """Room for the base run's transfers."""
     m = max(n_data, 1)
-    return Base(np.zeros(m, np.intp), np.zeros(m, np.intp), np.zeros(m, np.intp), np.full(max(nt, 1) * D, -1, np.intp))
+    return Base(x_tensor=np.zeros(m, np.intp), x_src=np.zeros(m, np.intp), x_dst=np.zeros(m, np.intp),
+                copy_of=np.full(max(nt, 1) * D, -1, np.intp))
 
 
 # ------------------------------------------------------------------ set-up
@@ -320,8 +370,8 @@ def init_fresh(net, w, placement):
     w.rq_unsorted[:] = False
     w_sent[:] = -1
     w_last_op[:] = -1
-    w_sc[0] = 0
-    w_sc[1] = 0
-    w_sc[3] = 0
-    w_sf[0] = 0.0
-    w_sf[1] = 0.0
+    w_sc[SC_N_EV] = 0
+    w_sc[SC_N_X] = 0
+    w_sc[SC_EPOCH] = 0
+    w_sf[SF_MAKESPAN] = 0.0
+    w_sf[SF_NOW] = 0.0
