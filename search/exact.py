@@ -75,6 +75,7 @@ class Ops(NamedTuple):
     out_src: np.ndarray  # int64: each edge's producer
     in_ptr: np.ndarray  # int64 [n + 1] -> in_edge (edges by consumer)
     in_edge: np.ndarray  # int64: index into out_src / out_comm
+    fifo_links: bool  # a link carries one transfer at a time (links.queue "fifo"), else any number
 
 
 def make_ops(problem) -> Ops:
@@ -97,6 +98,7 @@ def make_ops(problem) -> Ops:
         out_ptr=np.searchsorted(src, np.arange(g.n_ops + 1)).astype(np.int64),
         out_dst=a(dst, np.int64), out_comm=a(comm, np.float64), out_src=a(src, np.int64),
         in_ptr=np.searchsorted(dst[i], np.arange(g.n_ops + 1)).astype(np.int64), in_edge=a(i, np.int64),
+        fifo_links=cl.link_queue == "fifo",
     )
 
 
@@ -190,8 +192,9 @@ def partial_bound(gdev, ops):
     (:func:`one_machine_bound`); for each directed link, as one machine, the transfers
     between fixed ops across it (per producer one job: released at the producer's
     earliest end, its shortest transfer there, its consumers' longest run time + tail),
-    since a link carries one transfer at a time; and the level the devices' fixed work
-    reaches once the free work (each op on its fastest device) is poured over them.
+    since a link carries one transfer at a time (both link terms only where links queue:
+    ``links.queue = "fifo"``); and the level the devices' fixed work reaches once the free
+    work (each op on its fastest device) is poured over them.
     """
     return bound_into(gdev, ops, make_work(*ops.T.shape))
 
@@ -242,7 +245,7 @@ def bound_into(gdev, ops, w):
     for k in range(n):
         v = topo[k]
         dv = gdev[group[v]]
-        if dv >= 0:  # inputs from one device to v's come over one link, one at a time
+        if dv >= 0 and ops.fifo_links:  # inputs from one device to v's come over one link, one at a time
             for a in range(D):
                 if a != dv:
                     ready[v, dv] = max(ready[v, dv], _link_arrivals(v, a, dv, gdev, ops, F, w))
@@ -296,8 +299,9 @@ def bound_into(gdev, ops, w):
             best = max(best, _one_machine(r, p, q, m, w.order, w.rem))
     # each directed link as one machine too: its jobs are the tensors a fixed op sends to
     # fixed consumers on the other end (one job per producer, its shortest transfer, the
-    # longest tail of its consumers there), released when the producer can end first
-    for a in range(D):
+    # longest tail of its consumers there), released when the producer can end first;
+    # links that do not queue carry their transfers side by side: no machine
+    for a in range(D if ops.fifo_links else 0):
         for b in range(D):
             if a == b:
                 continue

@@ -167,7 +167,7 @@ def _link_book(link_s, link_e, link, l, pos, s, e):
 
 @njit(cache=True)
 def _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, place, finish,
-                    lat, bw, xc, arrive, link_s, link_e, link, avail, commit, insert):
+                    lat, bw, xc, arrive, link_s, link_e, link, avail, commit, insert, wait):
     """When op's inputs are on device d under the simulator's rules: a tensor goes to a
     device once, a transfer leaves when its producer ends and holds its directed link
     one at a time, a send first costs the sender ``xc[0] + xc[1] * bytes`` µs and a
@@ -177,7 +177,9 @@ def _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr
     link's timeline (for schedulers that insert ops into idle gaps too); without, after
     every transfer booked so far, as the simulator's first-queued-first-served links do
     (right for schedulers that book in time order: a transfer booked later would have
-    been queued later).
+    been queued later). Without ``wait`` (a cluster whose links do not queue:
+    ``links.queue = "none"``) a transfer starts as soon as it is sent, whatever else is on
+    its link.
     Returns (data-ready time, receive time d spends first). With ``commit`` the
     transfers are booked (``arrive``, the link timelines, the sender's ``avail``)."""
     D = lat.shape[0]
@@ -216,10 +218,13 @@ def _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr
                 last_a[j] = a
                 last_f[j] = -1.0
                 n_last += 1
-            if last_f[j] > t0:
+            if wait and last_f[j] > t0:
                 t0 = last_f[j]
             cnt, off = link[l, 0], link[l, 1]
-            if insert:
+            if not wait:
+                pos = cnt
+                s = t0
+            elif insert:
                 s, pos = _gap(link_s[off:off + cnt], link_e[off:off + cnt], cnt, t0, dur)
             else:
                 pos = cnt
@@ -371,7 +376,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
             if queued:
                 ready, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr,
                                             cpred_src, place, finish, lat, bw, xc, arrive, link_s, link_e,
-                                            link, avail, False, insertion)
+                                            link, avail, False, insertion, queued == 1)
             else:
                 ready = _data_ready(op, d, pred_ptr, pred_src, pred_bytes, pred_ctrl, place, finish, lat, bw)
                 rc = 0.0
@@ -401,7 +406,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
         d = bd
         if queued:
             _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, place,
-                            finish, lat, bw, xc, arrive, link_s, link_e, link, avail, True, insertion)
+                            finish, lat, bw, xc, arrive, link_s, link_e, link, avail, True, insertion, queued == 1)
         place[op] = d
         start[op] = bs
         finish[op] = bf
@@ -427,10 +432,11 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
 
 @njit(cache=True)
 def _send_ahead(op, d, f, op_tensor_ptr, tensor_ptr, tensor_cons, group, fixed, tensor_bytes, lat, bw, xc,
-                arrive, link_s, link_e, link, avail):
+                arrive, link_s, link_e, link, avail, wait):
     """Book op's outputs, ending at ``f``, to the devices fixed beforehand for their
     consumers' groups, when op ends, as the simulator sends them (first queued first
-    served): the scheduler need not wait for those consumers to be scheduled."""
+    served on links that queue, ``wait``; at once on links that do not): the scheduler
+    need not wait for those consumers to be scheduled."""
     D = lat.shape[0]
     for t in range(op_tensor_ptr[op], op_tensor_ptr[op + 1]):
         for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
@@ -441,7 +447,7 @@ def _send_ahead(op, d, f, op_tensor_ptr, tensor_ptr, tensor_cons, group, fixed, 
             l = d * D + dc
             send = xc[0, d] + xc[1, d] * b
             pos, off = link[l, 0], link[l, 1]
-            s = max(f + send, link_e[off + pos - 1]) if pos > 0 else f + send
+            s = max(f + send, link_e[off + pos - 1]) if wait and pos > 0 else f + send
             _link_book(link_s, link_e, link, l, pos, s, s + lat[d, dc] + b / bw[d, dc])
             arrive[t * D + dc] = s + lat[d, dc] + b / bw[d, dc]
             if send > 0.0 and avail[d] < f + send:
@@ -502,7 +508,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
     fixed = gdev.copy()
     # queued: a device runs its ready ops as the simulator does, earliest ready first
     # (ties: ``tie``, then the topological rank)
-    fifo = queued
+    fifo = queued != 0
     place = np.full(n, -1, np.int64)
     start = np.zeros(n)
     finish = np.zeros(n)
@@ -596,7 +602,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
         if queued:
             r, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
                                     place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail,
-                                    False, False)
+                                    False, False, queued == 1)
             if max(r, avail[d]) > bs:  # its links filled up meanwhile: queue it at its new time
                 if rsize[d] > 0:
                     _, rsize[d] = _hpop(rk[d], rt[d], rid[d], rsize[d])
@@ -607,7 +613,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                 continue
             r, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
                                     place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail,
-                                    True, False)
+                                    True, False, queued == 1)
             # a send booked just now may hold the device
             bs = max(bs, r, avail[d])
         placed += 1
@@ -622,7 +628,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
             used[d] += gmem[g]
         if queued:
             _send_ahead(op, d, finish[op], op_tensor_ptr, tensor_ptr, tensor_cons, group, fixed, tensor_bytes, lat,
-                        bw, xc, arrive, link_s, link_e, link, avail)
+                        bw, xc, arrive, link_s, link_e, link, avail, queued == 1)
         for k in range(succ_ptr[op], succ_ptr[op + 1]):
             w = succ_dst[k]
             indeg[w] -= 1
@@ -631,7 +637,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
                     if queued:
                         dr[w, e], _ = _transfer_ready(w, e, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr,
                                                       cpred_src, place, finish, lat, bw, xc, arrive, link_s,
-                                                      link_e, link, avail, False, False)
+                                                      link_e, link, avail, False, False, queued == 1)
                     else:
                         dr[w, e] = _data_ready(w, e, pred_ptr, pred_src, pred_bytes, pred_ctrl,
                                                place, finish, lat, bw)
@@ -659,7 +665,9 @@ class _Data:
         if links not in LINKS:
             raise SearchError(f"links must be one of {', '.join(LINKS)}, got {links!r}")
         self.problem = problem
-        self.queued = links == "queued"
+        # 0: the papers' links (nothing queues); 1 and 2: the simulator's rules, on links
+        # that queue (links.queue "fifo") or not ("none")
+        self.queued = 0 if links == "ideal" else 1 if cl.link_queue == "fifo" else 2
         n, D = g.n_ops, cl.n_devices
         allowed = problem.allowed
         if gpu_only:  # groups that may use an accelerator use only accelerators

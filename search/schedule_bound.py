@@ -6,7 +6,8 @@ asks OR-Tools' CP-SAT for the least step time of *any* schedule of *any* placeme
 the rules every such run obeys, and nothing else:
 
 - each group on one device it may use; an op lasts its time there;
-- a device runs one op at a time, a directed link carries one transfer at a time;
+- a device runs one op at a time, a directed link carries one transfer at a time (on a
+  cluster whose links do not queue, ``links.queue = "none"``, any number);
 - a tensor goes to a device once (all its consumers there share the copy), over the
   link from its producer's device, after the producer ends, for latency + bytes /
   bandwidth; a consumer starts after its inputs are on its device and its control
@@ -103,7 +104,7 @@ def schedule_bound(problem, seconds: float, seed: int = 0, workers: int | None =
         group=np.asarray(g.group, np.int64), edge_src=np.asarray(g.edge_src, np.int64),
         edge_dst=np.asarray(g.edge_dst, np.int64), tensor_op=np.asarray(g.tensor_op, np.int64),
         tensor_ptr=np.asarray(g.csr.tensor_ptr, np.int64), tensor_cons=np.asarray(g.csr.tensor_cons, np.int64),
-        comm=comm, settings=np.array([max(float(seconds), 0.01), int(workers or min(8, os.cpu_count() or 1)),
+        comm=comm, fifo_links=np.array(cl.link_queue == "fifo"), settings=np.array([max(float(seconds), 0.01), int(workers or min(8, os.cpu_count() or 1)),
                                       int(seed) & 0x7FFFFFFF, os.getpid()], np.float64))
     buf = io.BytesIO()
     np.savez(buf, **arrays)
@@ -175,8 +176,9 @@ def _solve(z) -> dict:
                     both = [y[gp, a], y[group[c], b]]
                     m.add_bool_or([sent, both[0].Not(), both[1].Not()])
                     m.add(start[c] >= s + int(comm[t, a, b])).only_enforce_if(both)
-    for ivs in on_link.values():
-        m.add_no_overlap(ivs)
+    if bool(z["fifo_links"]):
+        for ivs in on_link.values():
+            m.add_no_overlap(ivs)
     span = m.new_int_var(0, horizon, "span")
     m.add_max_equality(span, end)
     m.minimize(span)
