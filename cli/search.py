@@ -135,7 +135,7 @@ class _Bar:
               help="sa: run annealing islands on a local Dask cluster (--workers processes) that share their best.")
 @click.option("--scheduler", default=None, metavar="ADDR",
               help="sa: run annealing islands on the Dask cluster of this scheduler (e.g. tcp://host:8786).")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
+@click.option("--workers", "-n", type=click.IntRange(min=1), default=None,
               help="--dask: worker processes (default: one per core).")
 @click.option("--progress/--no-progress", "show_progress", default=True,
               help="Progress bar on stderr (only on a terminal).")
