@@ -30,7 +30,7 @@ BY = ("auto", "layer", "scope", "group", "op")
 MATPLOTLIB_MAX_NODES = 300
 DOT_TIMEOUT_S = 300
 MAX_ARROWS = 150  # transfer arrows drawn (the heaviest); beyond that no layout stays readable
-MATPLOTLIB_LABELS = 24  # byte labels on the heaviest transfer arrows only; more would overlap
+MATPLOTLIB_LABELS = 60  # byte labels tried, heaviest first (each where it fits clear of boxes and labels)
 
 
 @dataclass
@@ -297,15 +297,93 @@ def render_dot(source: str, fmt: str, dpi: int = 150) -> bytes:
 
 
 # ------------------------------------------------------------------ matplotlib
-def draw_matplotlib(c: Collapsed, cluster, path, fmt: str, dpi: int = 150, title: str = "") -> None:
-    """A lane per device, boxes top to bottom in topological order, transfers as thick arrows."""
-    from .trace import _plt, save_figure
+_LANE, _ROW = 3.6, 1.6          # lane and row pitch (data units)
+_W, _H = 2.1, 0.6               # box width and height
+_FAN = 0.3                      # distance between parallel arrows of one pair of boxes
+_LABEL_T = (0.5, 0.42, 0.58, 0.34, 0.66, 0.26, 0.74, 0.18, 0.82, 0.12, 0.88)  # label spots along an arrow
+
+
+def _bezier(p0, c, p2, t: float) -> np.ndarray:
+    return (1 - t) ** 2 * p0 + 2 * t * (1 - t) * c + t ** 2 * p2
+
+
+def _routes(c: Collapsed, edges, xs: np.ndarray, ys: np.ndarray, lane_of_box: np.ndarray) -> list:
+    """A quadratic Bézier (start, control, end) per arrow, in data units. Arrows between the
+    same two boxes are fanned out side by side; arrows along a row that would cross the
+    boxes between their ends arch over the row (rightwards) or under it (leftwards)."""
+    pairs: dict[tuple[int, int], list[int]] = {}
+    for k, (s, d, _, _) in enumerate(edges):
+        pairs.setdefault((min(s, d), max(s, d)), []).append(k)
+    gap = _ROW - _H
+    out = [None] * len(edges)
+    for (a, b), ks in pairs.items():
+        for j, k in enumerate(ks):
+            s, d = edges[k][:2]
+            fan = (j - (len(ks) - 1) / 2) * _FAN
+            if ys[s] == ys[d] and abs(lane_of_box[s] - lane_of_box[d]) > 1:
+                # along a row past other boxes: over the row rightwards, under it leftwards
+                up = 1 if xs[d] > xs[s] else -1
+                side = np.sign(xs[d] - xs[s])
+                span = abs(lane_of_box[s] - lane_of_box[d])  # wider arches higher, so they do not overlap
+                inset = _W * min(0.1 + 0.12 * (span - 2), 0.4)
+                p0 = np.array([xs[s] + side * inset, ys[s] + up * _H / 2])
+                p2 = np.array([xs[d] - side * inset, ys[d] + up * _H / 2])
+                ctrl = (p0 + p2) / 2 + [0, up * gap * min(0.6 + 0.4 * (span - 2), 1.5)]
+                out[k] = (p0, ctrl, p2)
+                continue
+            # the route of a -> b; b -> a runs on the parallel route beside it, reversed
+            if xs[a] == xs[b]:  # same lane: bottom of one box to the top of the other, bowed out
+                down = -1 if ys[b] < ys[a] else 1
+                p0 = np.array([xs[a] + _W / 4, ys[a] + down * _H / 2])
+                p2 = np.array([xs[b] + _W / 4, ys[b] - down * _H / 2])
+                ctrl = (p0 + p2) / 2 + [0.45 * abs(ys[b] - ys[a]), 0]
+            else:  # across lanes: between the facing sides, leaving towards the other box's row
+                side = 1 if xs[b] > xs[a] else -1
+                vy = np.sign(ys[b] - ys[a]) * _H / 4
+                p0 = np.array([xs[a] + side * _W / 2, ys[a] + vy])
+                p2 = np.array([xs[b] - side * _W / 2, ys[b] - vy])
+                ctrl = (p0 + p2) / 2
+            v = p2 - p0
+            n = np.array([-v[1], v[0]]) / (np.hypot(*v) or 1.0)
+            p0, ctrl, p2 = p0 + fan * n, ctrl + fan * n, p2 + fan * n
+            out[k] = (p0, ctrl, p2) if s == a else (p2, ctrl, p0)
+    return out
+
+
+def _place_labels(fig, ax, labels, routes, obstacles) -> int:
+    """Put each byte label (heaviest first) at the first spot along its arrow where its
+    box overlaps no node box, heading or label placed before; a label with no free spot is
+    removed. Returns how many were removed."""
+    renderer = fig.canvas.get_renderer()
+    taken = list(obstacles)
+    inside = fig.bbox
+    dropped = 0
+    for text, (p0, ctrl, p2) in zip(labels, routes):
+        for t in _LABEL_T:
+            text.set_position(_bezier(p0, ctrl, p2, t))
+            bb = text.get_window_extent(renderer).padded(2.0)
+            if (inside.x0 <= bb.x0 and bb.x1 <= inside.x1 and inside.y0 <= bb.y0 and bb.y1 <= inside.y1
+                    and not any(bb.overlaps(o) for o in taken)):
+                taken.append(bb)
+                break
+        else:
+            text.remove()
+            dropped += 1
+    return dropped
+
+
+def figure_matplotlib(c: Collapsed, cluster, title: str = ""):
+    """The matplotlib drawing as a figure: a lane per device, boxes top to bottom in model
+    order, transfers as thick arrows labelled with their bytes where a label fits clear of
+    the boxes and of the other labels."""
+    from .trace import _plt
 
     if c.n_boxes > MATPLOTLIB_MAX_NODES:
         raise UserError(f"{c.n_boxes} boxes are too many for the matplotlib drawing (at most "
                         f"{MATPLOTLIB_MAX_NODES}): use --by layer or scope, or --engine dot")
     plt = _plt()
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+    from matplotlib.path import Path as MplPath
 
     col = device_colours(cluster.n_devices)
     used = sorted(set(c.device.tolist()))
@@ -316,53 +394,64 @@ def draw_matplotlib(c: Collapsed, cluster, path, fmt: str, dpi: int = 150, title
     else:  # a row per unit in model order, as in the Graphviz drawing: a unit has one box per lane
         for r, boxes in enumerate(_unit_rows(c)):
             row[boxes] = r
-    W, H = 2.1, 0.6
-    xs = np.array([lane[d] * 3.4 for d in c.device.tolist()])
-    ys = -row * 1.15
-    fig_w = max(5.0, 2.6 * len(used) + 0.8)
-    fig_h = max(2.5, (row.max() + 1 if c.n_boxes else 1) * 0.62 + 1.4)
-    fig, ax = plt.subplots(figsize=(fig_w, fig_h))
+    lane_of_box = np.array([lane[d] for d in c.device.tolist()], np.int64)
+    xs = lane_of_box * _LANE
+    ys = -row * _ROW
+    n_rows = row.max() + 1 if c.n_boxes else 1
+    gap = _ROW - _H
+    fig, ax = plt.subplots(figsize=(max(5.0, 2.9 * len(used) + 0.8), max(2.5, n_rows * 0.86 + 1.6)))
     peak = max((b for _, _, b, x in c.edges if x), default=0)
-    xfers = sorted((e for e in c.edges if e[3]), key=lambda e: -e[2])
-    labelled = {(s, d) for s, d, _, _ in xfers[:MATPLOTLIB_LABELS]}
-    for s, d, b, x in drawn_edges(c):
-        if s == d:
-            continue
-        if xs[s] == xs[d]:  # same lane: bottom of one box to the top of the other, bowed out
-            a0 = (xs[s] + W / 4, ys[s] - H / 2) if ys[d] < ys[s] else (xs[s] + W / 4, ys[s] + H / 2)
-            a1 = (xs[d] + W / 4, ys[d] + H / 2) if ys[d] < ys[s] else (xs[d] + W / 4, ys[d] - H / 2)
-            rad = -0.4
-        else:  # across lanes: from the facing sides
-            side = 1 if xs[d] > xs[s] else -1
-            a0, a1, rad = (xs[s] + side * W / 2, ys[s]), (xs[d] - side * W / 2, ys[d]), 0.06
-        a = FancyArrowPatch(a0, a1, arrowstyle="-|>", mutation_scale=12 if x else 7,
+    edges = [e for e in drawn_edges(c) if e[0] != e[1]]
+    routes = _routes(c, edges, xs, ys, lane_of_box)
+    for (s, d, b, x), (p0, ctrl, p2) in zip(edges, routes):
+        path = MplPath([p0, ctrl, p2], [MplPath.MOVETO, MplPath.CURVE3, MplPath.CURVE3])
+        a = FancyArrowPatch(path=path, arrowstyle="-|>", mutation_scale=12 if x else 7,
                             lw=_edge_width(b, peak) if x else 0.5, color="#333333" if x else "#b0b0b0",
-                            connectionstyle=f"arc3,rad={rad}", zorder=1.5 if x else 1, alpha=0.7 if x else 0.9,
-                            shrinkA=1, shrinkB=1)
+                            zorder=1.5 if x else 1, alpha=0.7 if x else 0.9)
         a.set_gid(f"edge-{s}-{d}")
         ax.add_patch(a)
-        if x and (s, d) in labelled:
-            ax.text(0.62 * a0[0] + 0.38 * a1[0], 0.62 * a0[1] + 0.38 * a1[1], human_bytes(b), fontsize=7,
-                    ha="center", va="center", zorder=4,
-                    bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
+    obstacles = []
     for i in range(c.n_boxes):
         fill = col[c.device[i]]
-        box = FancyBboxPatch((xs[i] - W / 2, ys[i] - H / 2), W, H, boxstyle="round,pad=0.02,rounding_size=0.08",
+        box = FancyBboxPatch((xs[i] - _W / 2, ys[i] - _H / 2), _W, _H, boxstyle="round,pad=0.02,rounding_size=0.08",
                              fc=fill, ec="none", zorder=2)
         box.set_gid(f"box-{i}")
         ax.add_patch(box)
+        obstacles.append(box)
         ax.text(xs[i], ys[i], _box_text(c, i), ha="center", va="center", fontsize=7, color=_text_colour(fill),
                 zorder=5)
     for d in used:
-        ax.text(lane[d] * 3.4, 0.6, cluster.names[d], ha="center", va="bottom", fontsize=10, weight="bold",
-                color=col[d])
-    ax.set_xlim(-1.6, 3.4 * (len(used) - 1) + 1.6)
-    ax.set_ylim(ys.min() - 0.7 if c.n_boxes else -1, 1.1)
+        obstacles.append(ax.text(lane[d] * _LANE, _H / 2 + gap, cluster.names[d], ha="center", va="bottom",
+                                 fontsize=10, weight="bold", color=col[d], zorder=5))
+    ax.set_xlim(-_LANE / 2 + 0.1, _LANE * (len(used) - 1) + _LANE / 2 - 0.1)
+    ax.set_ylim((ys.min() if c.n_boxes else 0) - _H / 2 - 0.8 * gap, _H / 2 + gap + 0.4)
     ax.axis("off")
     if title:
         ax.set_title(title + hidden_note(c), fontsize=10)
     fig.tight_layout()
-    save_figure(fig, path, fmt, dpi)
+    # labels last, on the final layout: where a label fits is measured in display units
+    order = sorted(range(len(edges)), key=lambda k: -edges[k][2])
+    order = [k for k in order if edges[k][3]][:MATPLOTLIB_LABELS]
+    labels = []
+    for k in order:
+        t = ax.text(0, 0, human_bytes(edges[k][2]), fontsize=7, ha="center", va="center", zorder=3,
+                    bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.9))
+        t.set_gid(f"label-{edges[k][0]}-{edges[k][1]}")
+        labels.append(t)
+    renderer = fig.canvas.get_renderer()
+    dropped = _place_labels(fig, ax, labels, [routes[k] for k in order],
+                            [o.get_window_extent(renderer).padded(1.0) for o in obstacles])
+    n_x = sum(1 for e in edges if e[3])
+    if title and (dropped or n_x > len(order)):
+        ax.set_title(ax.get_title() + f"; {n_x - len(order) + dropped} byte labels left out (no room)", fontsize=10)
+    return fig
+
+
+def draw_matplotlib(c: Collapsed, cluster, path, fmt: str, dpi: int = 150, title: str = "") -> None:
+    """:func:`figure_matplotlib` written to ``path``."""
+    from .trace import save_figure
+
+    save_figure(figure_matplotlib(c, cluster, title), path, fmt, dpi)
 
 
 # ------------------------------------------------------------------ entry point

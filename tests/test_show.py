@@ -149,3 +149,33 @@ def test_missing_dot_is_a_one_line_error(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
     r = placetool("show", "-g", "synthetic-1k", "-o", str(tmp_path / "s.jpg"))
     assert r.returncode == 2 and "cannot tell the figure format" in r.stderr
+
+
+def test_matplotlib_byte_labels_clear_the_boxes_and_each_other(tmp_path, monkeypatch):
+    # nmt by layer under m-SCT: transfers both ways between neighbouring boxes and arrows past
+    # boxes along a row; every byte label must sit clear of the boxes (and their text) and of
+    # the other labels
+    from placetool.costmodel import trace
+    from placetool.costmodel.draw import draw_placement
+
+    r = placetool("search", "-g", "nmt", "-c", "k80x4", "-m", "m-sct", "-o", str(tmp_path / "p.json"), "-q")
+    assert r.returncode == 0, r.stderr
+    g, cl = presets.load_graph("nmt"), presets.load_cluster("k80x4")
+    p = CostModel(g, cl).load_placement(tmp_path / "p.json")
+    figs = []
+    monkeypatch.setattr(trace, "save_figure", lambda fig, *a, **k: figs.append(fig))
+    info = draw_placement(g, cl, p, tmp_path / "s.png", by="layer", engine="matplotlib")
+    (fig,) = figs
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (ax,) = fig.axes
+    boxes = [a.get_window_extent(renderer) for a in ax.patches if re.fullmatch(r"box-\d+", a.get_gid() or "")]
+    texts = [t.get_text() for t in ax.texts if re.fullmatch(r"[\d.]+ (B|KB|MB|GB)", t.get_text())]
+    labels = [t.get_window_extent(renderer) for t in ax.texts if t.get_text() in texts]
+    assert len(boxes) == info["boxes"] == 8
+    on_boxes = [t for t, lab in zip(texts, labels) if any(lab.overlaps(b) for b in boxes)]
+    assert not on_boxes, f"byte labels over boxes: {on_boxes}"
+    for i, lab in enumerate(labels):
+        assert not any(lab.overlaps(o) for o in labels[i + 1:]), "two byte labels overlap"
+    assert len(labels) == info["transfer_arrows"] > 20  # and every transfer has its label
+    trace._plt().close(fig)
