@@ -1,0 +1,605 @@
+"""The compiled kernels of the list schedulers (:mod:`placetool.search.listsched`).
+
+- :func:`eft_schedule`: priority list scheduling to the device of earliest finish
+  time, into idle gaps (HEFT, CPOP);
+- :func:`etf_schedule`: earliest task first, each device's ready ops in two heaps
+  (m-ETF, m-SCT);
+- :func:`upward_rank`, :func:`downward_rank`: the priorities;
+- the pieces they share: data-ready times by the papers' model
+  (:func:`_data_ready`) or the simulator's transfers on link timelines
+  (:func:`_transfer_ready`, :func:`_link_timelines`, :func:`_link_book`,
+  :func:`_send_ahead`), the devices an op may go to under memory
+  (:func:`_candidates`, :func:`_may_go`) and the deadline check (:func:`_out_of_time`).
+
+Every kernel is ``@njit(cache=True)`` and reads plain arrays, built from a problem by
+:class:`placetool.search.listsched._Data`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, objmode
+
+from placetool.costmodel.jitclock import work_clock
+from placetool.search.heaps import heap_pop, heap_push
+
+
+# --------------------------------------------------------------------- heaps
+@njit(cache=True)
+def _hpop(k1, k2, ids, size):
+    """Pop the minimum of the simulator's (key, tie) heap; returns (id, new size)."""
+    top = ids[0]
+    return top, heap_pop(k1, k2, ids, size)
+
+
+@njit(cache=True)
+def _out_of_time(step, deadline):
+    """Whether the :func:`work_clock` has reached ``deadline``, read every 64th ``step``
+    (about a microsecond a reading, and a step at a thousand devices costs far more)."""
+    if deadline == np.inf or (step & 63) != 0:
+        return False
+    with objmode(now="float64"):
+        now = work_clock()
+    return now >= deadline
+
+
+# ------------------------------------------------------------- shared pieces
+@njit(cache=True)
+def _comm(a, b, nbytes, ctrl, lat, bw):
+    if a == b or ctrl:
+        return 0.0
+    return lat[a, b] + nbytes / bw[a, b]
+
+
+@njit(cache=True)
+def _data_ready(op, d, pred_ptr, pred_src, pred_bytes, pred_ctrl, place, finish, lat, bw):
+    r = 0.0
+    for k in range(pred_ptr[op], pred_ptr[op + 1]):
+        p = pred_src[k]
+        t = finish[p] + _comm(place[p], d, pred_bytes[k], pred_ctrl[k], lat, bw)
+        if t > r:
+            r = t
+    return r
+
+
+@njit(cache=True)
+def _gap(ls, le, cnt, t0, dur):
+    """Earliest start >= t0 of an interval of length ``dur`` in the idle gaps of a
+    timeline of ``cnt`` sorted disjoint intervals; returns (start, insert position)."""
+    lo, hi = 0, cnt
+    while lo < hi:  # first interval ending after t0
+        mid = (lo + hi) >> 1
+        if le[mid] <= t0:
+            lo = mid + 1
+        else:
+            hi = mid
+    s = t0
+    for i in range(lo, cnt):
+        if s + dur <= ls[i]:
+            return s, i
+        if le[i] > s:
+            s = le[i]
+    return s, cnt
+
+
+@njit(cache=True)
+def _link_timelines(nt, n_inputs, D, queued):
+    """Empty transfer bookkeeping: arrival time per (tensor, device), -1 until booked,
+    and one timeline per directed link l (starts, ends) in a pool shared by all links:
+    ``link[l]`` = (count, offset, room), and ``link[D * D, 1]`` the pool's first free
+    slot (see :func:`_link_book`).
+
+    All links together never hold more transfers than the graph has consumed tensors, and
+    a timeline that fills moves to the pool's end with twice the room, so a pool of four
+    times that many slots holds every timeline with its abandoned copies: the memory
+    grows with the transfers booked, not with links x transfers."""
+    arrive = np.full(max(nt * D, 1), -1.0)
+    if not queued:
+        return arrive, np.zeros(1), np.zeros(1), np.zeros((1, 3), np.int64)
+    pool = 4 * n_inputs + 1
+    return arrive, np.zeros(pool), np.zeros(pool), np.zeros((D * D + 1, 3), np.int64)
+
+
+@njit(cache=True)
+def _link_book(link_s, link_e, link, l, pos, s, e):
+    """Insert the transfer (s, e) at position ``pos`` of link l's timeline, moving the
+    timeline to the pool's end with twice the room when it is full."""
+    cnt, off, room = link[l, 0], link[l, 1], link[l, 2]
+    if cnt == room:
+        top = link[link.shape[0] - 1, 1]
+        room = max(2 * room, 1)
+        for i in range(cnt):
+            link_s[top + i] = link_s[off + i]
+            link_e[top + i] = link_e[off + i]
+        off = top
+        link[l, 1], link[l, 2] = off, room
+        link[link.shape[0] - 1, 1] = top + room
+    for i in range(off + cnt, off + pos, -1):
+        link_s[i] = link_s[i - 1]
+        link_e[i] = link_e[i - 1]
+    link_s[off + pos] = s
+    link_e[off + pos] = e
+    link[l, 0] = cnt + 1
+
+
+@njit(cache=True)
+def _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, place, finish,
+                    lat, bw, xc, arrive, link_s, link_e, link, avail, commit, insert, wait):
+    """When op's inputs are on device d under the simulator's rules: a tensor goes to a
+    device once, a transfer leaves when its producer ends and holds its directed link
+    one at a time, a send first costs the sender ``xc[0] + xc[1] * bytes`` µs and a
+    receive the receiver ``xc[2] + xc[3] * bytes``.
+
+    Where a new transfer goes on its link: with ``insert``, the earliest idle gap of the
+    link's timeline (for schedulers that insert ops into idle gaps too); without, after
+    every transfer booked so far, as the simulator's first-queued-first-served links do
+    (right for schedulers that book in time order: a transfer booked later would have
+    been queued later). Without ``wait`` (a cluster whose links do not queue:
+    ``links.queue = "none"``) a transfer starts as soon as it is sent, whatever else is on
+    its link.
+    Returns (data-ready time, receive time d spends first). With ``commit`` the
+    transfers are booked (``arrive``, the link timelines, the sender's ``avail``)."""
+    D = lat.shape[0]
+    r = 0.0
+    rc = 0.0
+    # new transfers of this op on one link go one after another, in input order: the end
+    # of the last one per source device (d is fixed here), for the few sources seen
+    last_a = np.empty(0, np.int64)
+    last_f = np.empty(0)
+    n_last = 0
+    for k in range(cpred_ptr[op], cpred_ptr[op + 1]):
+        f = finish[cpred_src[k]]
+        if f > r:
+            r = f
+    for k in range(in_ptr[op], in_ptr[op + 1]):
+        t = in_tensor[k]
+        p = tensor_op[t]
+        a = place[p]
+        if a == d:
+            f = finish[p]
+        elif arrive[t * D + d] >= 0.0:
+            f = arrive[t * D + d]
+        else:
+            b = tensor_bytes[t]
+            l = a * D + d
+            send = xc[0, a] + xc[1, a] * b
+            dur = lat[a, d] + b / bw[a, d]
+            t0 = finish[p] + send
+            if last_a.shape[0] == 0:
+                last_a = np.empty(in_ptr[op + 1] - in_ptr[op], np.int64)
+                last_f = np.empty(in_ptr[op + 1] - in_ptr[op])
+            j = 0
+            while j < n_last and last_a[j] != a:
+                j += 1
+            if j == n_last:
+                last_a[j] = a
+                last_f[j] = -1.0
+                n_last += 1
+            if wait and last_f[j] > t0:
+                t0 = last_f[j]
+            cnt, off = link[l, 0], link[l, 1]
+            if not wait:
+                pos = cnt
+                s = t0
+            elif insert:
+                s, pos = _gap(link_s[off:off + cnt], link_e[off:off + cnt], cnt, t0, dur)
+            else:
+                pos = cnt
+                s = max(t0, link_e[off + pos - 1]) if pos > 0 else t0
+            last_f[j] = s + dur
+            f = s + dur
+            rc += xc[2, d] + xc[3, d] * b
+            if commit:
+                _link_book(link_s, link_e, link, l, pos, s, f)
+                arrive[t * D + d] = f
+                if send > 0.0 and avail[a] < finish[p] + send:
+                    avail[a] = finish[p] + send
+        if f > r:
+            r = f
+    return r, rc
+
+
+@njit(cache=True)
+def _candidates(op, g, T, gdev, gmem, used, cap, preferred, out):
+    """Fill ``out[d]`` with True for the devices op may go to; returns 1 if memory forced
+    a device over capacity (no device had room), else 0."""
+    D = T.shape[1]
+    for d in range(D):
+        out[d] = False
+    if gdev[g] >= 0:
+        out[gdev[g]] = True
+        return 0
+    if preferred >= 0 and np.isfinite(T[op, preferred]) and used[preferred] + gmem[g] <= cap[preferred]:
+        out[preferred] = True
+        return 0
+    anyok = False
+    for d in range(D):
+        if np.isfinite(T[op, d]) and used[d] + gmem[g] <= cap[d]:
+            out[d] = True
+            anyok = True
+    if anyok:
+        return 0
+    best, bd = np.inf, -1
+    for d in range(D):
+        if np.isfinite(T[op, d]):
+            over = used[d] + gmem[g] - cap[d]
+            if over < best:
+                best, bd = over, d
+    out[bd] = True
+    return 1
+
+
+@njit(cache=True)
+def _may_go(op, d, g, T, gdev, gmem, used, cap, preferred, cand):
+    """Whether :func:`_candidates` would let op go to device d, in O(1) unless no device
+    has room for its group (then ``cand`` is filled): m-ETF asks this of every queue
+    head at every step, and filling all D candidates each time cost O(D^2) a step."""
+    if gdev[g] >= 0:
+        return d == gdev[g]
+    if preferred >= 0 and np.isfinite(T[op, preferred]) and used[preferred] + gmem[g] <= cap[preferred]:
+        return d == preferred
+    if np.isfinite(T[op, d]) and used[d] + gmem[g] <= cap[d]:
+        return True
+    _candidates(op, g, T, gdev, gmem, used, cap, preferred, cand)
+    return cand[d]
+
+
+@njit(cache=True)
+def upward_rank(order, wbar, succ_ptr, succ_dst, succ_bytes, succ_ctrl, mean_lat, mean_inv_bw):
+    """rank_u(i) = wbar(i) + max over successors j of (cbar(i, j) + rank_u(j))."""
+    n = len(order)
+    r = np.zeros(n)
+    for ii in range(n - 1, -1, -1):
+        v = order[ii]
+        m = 0.0
+        for k in range(succ_ptr[v], succ_ptr[v + 1]):
+            c = 0.0 if succ_ctrl[k] else mean_lat + succ_bytes[k] * mean_inv_bw
+            t = c + r[succ_dst[k]]
+            if t > m:
+                m = t
+        r[v] = wbar[v] + m
+    return r
+
+
+@njit(cache=True)
+def downward_rank(order, wbar, pred_ptr, pred_src, pred_bytes, pred_ctrl, mean_lat, mean_inv_bw):
+    """rank_d(j) = max over predecessors i of (rank_d(i) + wbar(i) + cbar(i, j))."""
+    n = len(order)
+    r = np.zeros(n)
+    for ii in range(n):
+        v = order[ii]
+        m = 0.0
+        for k in range(pred_ptr[v], pred_ptr[v + 1]):
+            p = pred_src[k]
+            c = 0.0 if pred_ctrl[k] else mean_lat + pred_bytes[k] * mean_inv_bw
+            t = r[p] + wbar[p] + c
+            if t > m:
+                m = t
+        r[v] = m
+    return r
+
+
+# -------------------------------------------------------- EFT (HEFT, CPOP)
+@njit(cache=True)
+def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, succ_dst,
+                 group, gdev, gmem, cap, lat, bw, forced, insertion,
+                 in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, xc, queued, deadline):
+    """Priority list scheduling: the ready op of highest ``prio`` (ties: lower ``rank``)
+    goes to the device of earliest finish (into an idle gap when ``insertion``).
+    With ``queued`` transfers follow the simulator's rules (see :func:`_transfer_ready`);
+    without, every edge costs latency + bytes / bandwidth and nothing queues.
+
+    ``gdev`` (per group, -1 = free) is updated in place. Returns (place, start, finish,
+    memory fallbacks). At ``deadline`` (a :func:`work_clock` reading) it stops, with ops
+    left unplaced (-1).
+    """
+    n, D = T.shape
+    place = np.full(n, -1, np.int64)
+    start = np.zeros(n)
+    finish = np.zeros(n)
+    used = np.zeros(D)
+    for g in range(len(gdev)):
+        if gdev[g] >= 0:
+            used[gdev[g]] += gmem[g]
+    slot_s = np.zeros((D, n + 1))
+    slot_e = np.zeros((D, n + 1))
+    cnt = np.zeros(D, np.int64)
+    avail = np.zeros(D)
+    indeg = np.zeros(n, np.int64)
+    for v in range(n):
+        indeg[v] = pred_ptr[v + 1] - pred_ptr[v]
+    k1 = np.empty(n)
+    k2 = np.empty(n, np.int64)
+    ids = np.empty(n, np.int64)
+    size = 0
+    for v in range(n):
+        if indeg[v] == 0:
+            size = heap_push(k1, k2, ids, size, -prio[v], rank[v], v)
+    cand = np.zeros(D, np.bool_)
+    arrive, link_s, link_e, link = _link_timelines(tensor_bytes.shape[0], in_tensor.shape[0], D, queued)
+    fallbacks = 0
+    steps = 0
+    while size > 0:
+        steps += 1
+        if _out_of_time(steps, deadline):
+            break
+        op, size = _hpop(k1, k2, ids, size)
+        g = group[op]
+        fallbacks += _candidates(op, g, T, gdev, gmem, used, cap, forced[op], cand)
+        bf, bs, bd, bi = np.inf, 0.0, np.int64(-1), np.int64(0)  # int64: see etf_schedule
+        for d in range(D):
+            if not cand[d]:
+                continue
+            if queued:
+                ready, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr,
+                                            cpred_src, place, finish, lat, bw, xc, arrive, link_s, link_e,
+                                            link, avail, False, insertion, queued == 1)
+            else:
+                ready = _data_ready(op, d, pred_ptr, pred_src, pred_bytes, pred_ctrl, place, finish, lat, bw)
+                rc = 0.0
+            dur = T[op, d] + rc  # receives run on the device just before the op
+            s = max(ready, avail[d])
+            pos = cnt[d]
+            if insertion:
+                # first slot ending after `ready` (slots are sorted and disjoint)
+                lo, hi = 0, cnt[d]
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if slot_e[d, mid] <= ready:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                prev = slot_e[d, lo - 1] if lo > 0 else 0.0
+                s = max(ready, prev)
+                pos = cnt[d]
+                for i in range(lo, cnt[d]):
+                    if s + dur <= slot_s[d, i]:
+                        pos = i
+                        break
+                    s = max(ready, slot_e[d, i])
+            f = s + dur
+            if f < bf:
+                bf, bs, bd, bi = f, s, d, pos
+        d = bd
+        if queued:
+            _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, place,
+                            finish, lat, bw, xc, arrive, link_s, link_e, link, avail, True, insertion, queued == 1)
+        place[op] = d
+        start[op] = bs
+        finish[op] = bf
+        for i in range(cnt[d], bi, -1):
+            slot_s[d, i] = slot_s[d, i - 1]
+            slot_e[d, i] = slot_e[d, i - 1]
+        slot_s[d, bi] = bs
+        slot_e[d, bi] = bf
+        cnt[d] += 1
+        if bf > avail[d]:
+            avail[d] = bf
+        if gdev[g] < 0:
+            gdev[g] = d
+            used[d] += gmem[g]
+        for k in range(succ_ptr[op], succ_ptr[op + 1]):
+            w = succ_dst[k]
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                size = heap_push(k1, k2, ids, size, -prio[w], rank[w], w)
+    return place, start, finish, fallbacks
+
+
+@njit(cache=True)
+def _send_ahead(op, d, f, op_tensor_ptr, tensor_ptr, tensor_cons, group, fixed, tensor_bytes, lat, bw, xc,
+                arrive, link_s, link_e, link, avail, wait):
+    """Book op's outputs, ending at ``f``, to the devices fixed beforehand for their
+    consumers' groups, when op ends, as the simulator sends them (first queued first
+    served on links that queue, ``wait``; at once on links that do not): the scheduler
+    need not wait for those consumers to be scheduled."""
+    D = lat.shape[0]
+    for t in range(op_tensor_ptr[op], op_tensor_ptr[op + 1]):
+        for e in range(tensor_ptr[t], tensor_ptr[t + 1]):
+            dc = fixed[group[tensor_cons[e]]]
+            if dc < 0 or dc == d or arrive[t * D + dc] >= 0.0:
+                continue
+            b = tensor_bytes[t]
+            l = d * D + dc
+            send = xc[0, d] + xc[1, d] * b
+            pos, off = link[l, 0], link[l, 1]
+            s = max(f + send, link_e[off + pos - 1]) if wait and pos > 0 else f + send
+            _link_book(link_s, link_e, link, l, pos, s, s + lat[d, dc] + b / bw[d, dc])
+            arrive[t * D + dc] = s + lat[d, dc] + b / bw[d, dc]
+            if send > 0.0 and avail[d] < f + send:
+                avail[d] = f + send
+
+
+# ------------------------------------------------------- ETF (m-ETF, m-SCT)
+@njit(cache=True)
+def _etf_enqueue(op, d, tie, dr, avail, pk, pt, pid, psize, rk, rt, rid, rsize, fifo):
+    """Queue a ready op on device d: in d's ready queue (keyed by tie) if its data is
+    there by the time d is free, else in d's pending queue (keyed by data-ready time)."""
+    if dr[op, d] <= avail[d]:
+        rsize[d] = heap_push(rk[d], rt[d], rid[d], rsize[d], dr[op, d] if fifo else 0.0, tie[op], op)
+    else:
+        psize[d] = heap_push(pk[d], pt[d], pid[d], psize[d], dr[op, d], tie[op], op)
+
+
+@njit(cache=True)
+def _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref, dr, avail, group, cand, inq,
+                   pk, pt, pid, psize, rk, rt, rid, rsize, fifo):
+    """Queue op on every candidate device; returns 1 if memory forced an over-capacity one."""
+    fb = _candidates(op, group[op], T, gdev, gmem, used, cap, pref, cand)
+    for d in range(T.shape[1]):
+        if cand[d]:
+            inq[op] += 1
+            _etf_enqueue(op, d, tie, dr, avail, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
+    return fb
+
+
+@njit(cache=True)
+def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, succ_dst,
+                 group, gdev, gmem, cap, lat, bw, fav_parent,
+                 in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, xc, queued,
+                 op_tensor_ptr, tensor_ptr, tensor_cons, deadline):
+    """Earliest task first: start the (ready op, device) pair with the earliest start
+    (ties: lower ``tie``, the op's position in priority order); no insertion. An op whose
+    favourite parent (``fav_parent`` >= 0) is placed prefers that parent's device.
+
+    Per device two heaps: ops whose inputs are there by the time the device is free (all
+    start when it frees: the best ``tie`` wins) and ops still waiting for data (keyed by
+    data-ready time). Devices' free times only grow, so ops only move from the second to
+    the first; entries of ops placed elsewhere, or no longer allowed on the device (its
+    memory filled, their group got fixed), are dropped when they surface, and an op with
+    no queue left is queued again on its current candidates. O(ops x devices x log ops).
+
+    With ``queued`` (see :func:`_transfer_ready`) an op's data-ready time can only grow
+    while it waits, as transfers planned meanwhile fill the links it needs: the chosen
+    pair is checked against the links as they are now and, if it would start later than
+    planned, queued again with its new time (keys only grow, so this ends).
+
+    Groups fixed beforehand (``gdev`` >= 0 on entry) send their inputs ahead: a
+    tensor goes to such a group's device when its producer ends, not when the consumer
+    is scheduled, as in the simulator.
+
+    Returns (place, start, finish, memory fallbacks). At ``deadline`` (a
+    :func:`work_clock` reading) it stops, with ops left unplaced (-1).
+    """
+    n, D = T.shape
+    fixed = gdev.copy()
+    # queued: a device runs its ready ops as the simulator does, earliest ready first
+    # (ties: ``tie``, then the topological rank)
+    fifo = queued != 0
+    place = np.full(n, -1, np.int64)
+    start = np.zeros(n)
+    finish = np.zeros(n)
+    used = np.zeros(D)
+    for g in range(len(gdev)):
+        if gdev[g] >= 0:
+            used[gdev[g]] += gmem[g]
+    avail = np.zeros(D)
+    indeg = np.zeros(n, np.int64)
+    for v in range(n):
+        indeg[v] = pred_ptr[v + 1] - pred_ptr[v]
+    pk = np.empty((D, n))
+    pt = np.empty((D, n), np.int64)
+    pid = np.empty((D, n), np.int64)
+    psize = np.zeros(D, np.int64)
+    rk = np.empty((D, n))
+    rt = np.empty((D, n), np.int64)
+    rid = np.empty((D, n), np.int64)
+    rsize = np.zeros(D, np.int64)
+    inq = np.zeros(n, np.int64)  # how many device queues hold the op
+    pref = np.full(n, -1, np.int64)
+    dr = np.zeros((n, D))  # data-ready time per device, fixed once an op is ready
+    cand = np.zeros(D, np.bool_)
+    fb_of = np.zeros(n, np.int64)
+    arrive, link_s, link_e, link = _link_timelines(tensor_bytes.shape[0], in_tensor.shape[0], D, queued)
+    for v in range(n):
+        if indeg[v] == 0:
+            fb_of[v] = _etf_queue_all(v, tie, T, gdev, gmem, used, cap, pref[v], dr, avail, group, cand, inq,
+                                      pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
+    fallbacks = 0
+    placed = 0
+    steps = 0
+    while placed < n:
+        steps += 1
+        if _out_of_time(steps, deadline):
+            break
+        # int64, not a literal -1: numba would compile spare copies of the helpers called with them
+        bs, bt, bd, bop = np.inf, np.int64(1) << 62, np.int64(-1), np.int64(-1)
+        for d in range(D):
+            # drop stale heads, move ops whose data has arrived to the ready heap, and
+            # take off d an op that may no longer go there (re-queued where it may)
+            while True:
+                drop = -1  # 0: the ready heap's head, 1: the pending heap's
+                if rsize[d] > 0:
+                    op = rid[d, 0]
+                    if place[op] >= 0:
+                        _, rsize[d] = _hpop(rk[d], rt[d], rid[d], rsize[d])
+                        continue
+                    if not _may_go(op, d, group[op], T, gdev, gmem, used, cap, pref[op], cand):
+                        drop = 0
+                if drop < 0 and psize[d] > 0:
+                    op = pid[d, 0]
+                    if place[op] >= 0:
+                        _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
+                        continue
+                    if pk[d, 0] <= avail[d]:
+                        _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
+                        rsize[d] = heap_push(rk[d], rt[d], rid[d], rsize[d], dr[op, d] if fifo else 0.0, tie[op], op)
+                        continue
+                    if not _may_go(op, d, group[op], T, gdev, gmem, used, cap, pref[op], cand):
+                        drop = 1
+                if drop < 0:
+                    break
+                if drop == 0:
+                    _, rsize[d] = _hpop(rk[d], rt[d], rid[d], rsize[d])
+                else:
+                    _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
+                inq[op] -= 1
+                if inq[op] == 0:
+                    fb_of[op] = _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref[op], dr, avail,
+                                               group, cand, inq, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
+        # pick only once every device's heads are clean: a re-queue above may push onto a
+        # device already looked at, and the pair picked must still be its queue's head
+        # when it is taken off below (entries just queued are clean: their candidates
+        # were just read and their data-ready time decided their heap)
+        for d in range(D):
+            if rsize[d] > 0:
+                s, t, op = avail[d], rt[d, 0], rid[d, 0]
+            elif psize[d] > 0:
+                s, t, op = pk[d, 0], pt[d, 0], pid[d, 0]
+            else:
+                continue
+            if s < bs or (s == bs and t < bt):
+                bs, bt, bd, bop = s, t, d, op
+        if bop < 0:  # all queues empty would mean a lost op: stop
+            if rsize.sum() + psize.sum() == 0:
+                break
+            continue
+        op, d = bop, bd
+        rc = 0.0
+        if queued:
+            r, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
+                                    place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail,
+                                    False, False, queued == 1)
+            if max(r, avail[d]) > bs:  # its links filled up meanwhile: queue it at its new time
+                if rsize[d] > 0:
+                    _, rsize[d] = _hpop(rk[d], rt[d], rid[d], rsize[d])
+                else:
+                    _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
+                dr[op, d] = r
+                _etf_enqueue(op, d, tie, dr, avail, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
+                continue
+            r, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
+                                    place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail,
+                                    True, False, queued == 1)
+            # a send booked just now may hold the device
+            bs = max(bs, r, avail[d])
+        placed += 1
+        fallbacks += fb_of[op]
+        g = group[op]
+        place[op] = d
+        start[op] = bs
+        finish[op] = bs + rc + T[op, d]
+        avail[d] = finish[op]
+        if gdev[g] < 0:
+            gdev[g] = d
+            used[d] += gmem[g]
+        if queued:
+            _send_ahead(op, d, finish[op], op_tensor_ptr, tensor_ptr, tensor_cons, group, fixed, tensor_bytes, lat,
+                        bw, xc, arrive, link_s, link_e, link, avail, queued == 1)
+        for k in range(succ_ptr[op], succ_ptr[op + 1]):
+            w = succ_dst[k]
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                for e in range(D):
+                    if queued:
+                        dr[w, e], _ = _transfer_ready(w, e, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr,
+                                                      cpred_src, place, finish, lat, bw, xc, arrive, link_s,
+                                                      link_e, link, avail, False, False, queued == 1)
+                    else:
+                        dr[w, e] = _data_ready(w, e, pred_ptr, pred_src, pred_bytes, pred_ctrl,
+                                               place, finish, lat, bw)
+                if fav_parent[w] >= 0:
+                    pref[w] = place[fav_parent[w]]
+                fb_of[w] = _etf_queue_all(w, tie, T, gdev, gmem, used, cap, pref[w], dr, avail, group, cand,
+                                          inq, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
+    return place, start, finish, fallbacks
