@@ -54,7 +54,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UserError, atomic_write
+from .errors import UserError, atomic_write, read_parsed
 
 KINDS = ("cpu", "gpu")
 # Per-device transfer costs on the device's own compute queue (µs, µs per byte).
@@ -333,19 +333,13 @@ class Cluster:
 def load(path) -> Cluster:
     """Read a cluster TOML file; errors name the file and field."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            d = tomllib.load(f)
-    except FileNotFoundError:
-        raise ClusterError(f"{path}: no such cluster file") from None
-    except IsADirectoryError:
-        raise ClusterError(f"{path}: is a folder, not a cluster file") from None
-    except OSError as e:
-        raise ClusterError(f"{path}: cannot read ({e.strerror or e})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ClusterError(f"{path}: malformed TOML ({e})") from None
-    except RecursionError:
-        raise ClusterError(f"{path}: malformed TOML (nested too deeply)") from None
+
+    def parse(p):
+        with open(p, "rb") as f:
+            return tomllib.load(f)
+
+    d = read_parsed(path, parse, ClusterError, "cluster", "malformed TOML",
+                    (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError))
     d.setdefault("name", path.name.removesuffix(".toml"))
     return Cluster.from_dict(d, source=str(path))
 

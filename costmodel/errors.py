@@ -64,6 +64,24 @@ def atomic_write(path, data: bytes | str) -> None:
         f.write(data)
 
 
+def read_parsed(path, parse, error, what: str, malformed: str, parse_errors, *, missing: str | None = None,
+                unreadable: str = ""):
+    """``parse(path)``; a missing, unreadable or malformed file raises ``error`` naming it:
+    "no such {what} file" (or ``missing``), "is a folder, not a {what} file", "cannot
+    read{unreadable} (...)", or "{malformed} (...)" for ``parse_errors`` (a RecursionError
+    among them reads "nested too deeply")."""
+    try:
+        return parse(path)
+    except FileNotFoundError:
+        raise error(missing or f"{path}: no such {what} file") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a folder, not a {what} file") from None
+    except OSError as e:
+        raise error(f"{path}: cannot read{unreadable} ({e.strerror or e})") from None
+    except parse_errors as e:
+        raise error(f"{path}: {malformed} ({'nested too deeply' if isinstance(e, RecursionError) else e})") from None
+
+
 def read_json(path, what: str, error=UserError, **json_kw):
     """Parse a JSON file; a missing or malformed file raises ``error`` naming it.
     ``json_kw``: passed to ``json.loads`` (e.g. number hooks)."""

@@ -53,15 +53,22 @@ def _synthetic_size(name: str) -> int | None:
     return None
 
 
+def _file_or_bundled(s: str, suffix: str, folder: str, load):
+    """``load`` of the file ``s`` names (a path, or anything ending in ``suffix``), else of the
+    bundled ``folder/s<suffix>``; None where neither is there."""
+    p = Path(s)
+    if p.suffix == suffix or p.is_file():
+        return load(p)
+    bundled = data_dir() / folder / f"{s}{suffix}"
+    return load(bundled) if bundled.exists() else None
+
+
 def load_graph(name_or_path) -> "_graph.OpGraph":
     """A graph from a file path, a bundled name or a synthetic name."""
     s = str(name_or_path)
-    p = Path(s)
-    if p.suffix == ".npz" or p.is_file():
-        return _graph.load(p)
-    bundled = data_dir() / "graphs" / f"{s}.npz"
-    if bundled.exists():
-        return _graph.load(bundled)
+    g = _file_or_bundled(s, ".npz", "graphs", _graph.load)
+    if g is not None:
+        return g
     n = _synthetic_size(s)
     if n is not None:
         return layered(n, seed=n, name=s)
@@ -72,10 +79,7 @@ def load_graph(name_or_path) -> "_graph.OpGraph":
 def load_cluster(name_or_path) -> "_cluster.Cluster":
     """A cluster from a TOML path or a bundled preset name."""
     s = str(name_or_path)
-    p = Path(s)
-    if p.suffix == ".toml" or p.is_file():
-        return _cluster.load(p)
-    bundled = data_dir() / "clusters" / f"{s}.toml"
-    if bundled.exists():
-        return _cluster.load(bundled)
+    c = _file_or_bundled(s, ".toml", "clusters", _cluster.load)
+    if c is not None:
+        return c
     raise UnknownName(f"unknown cluster {s!r}: not a file, and not one of {', '.join(list_clusters())}")

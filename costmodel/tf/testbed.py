@@ -29,7 +29,7 @@ import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from placetool.costmodel.errors import UserError, atomic_write
+from placetool.costmodel.errors import UserError, atomic_write, read_parsed
 from placetool.costmodel.procs import process_alive
 
 MARKER = "placetool-testbed-worker"
@@ -357,16 +357,10 @@ class Testbed:
     @classmethod
     def from_state(cls, path=None) -> "Testbed":
         path = Path(path or default_state_path())
-        try:
-            d = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise TestbedError(f"no testbed is up (no state file {path}); start one with `placetool testbed up`") from None
-        except IsADirectoryError:
-            raise TestbedError(f"{path}: is a folder, not a testbed state file") from None
-        except OSError as e:
-            raise TestbedError(f"{path}: cannot read the testbed state ({e.strerror or e})") from None
-        except (ValueError, UnicodeDecodeError) as e:
-            raise TestbedError(f"{path}: malformed testbed state ({e})") from None
+        d = read_parsed(path, lambda p: json.loads(p.read_text()), TestbedError, "testbed state",
+                        "malformed testbed state", (ValueError, UnicodeDecodeError),
+                        missing=f"no testbed is up (no state file {path}); start one with `placetool testbed up`",
+                        unreadable=" the testbed state")
         if not isinstance(d, dict) or d.get("format") != "placetool.testbed":
             raise TestbedError(f"{path}: not a placetool testbed state file")
         try:
