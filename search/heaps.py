@@ -1,6 +1,12 @@
 """A binary min-heap over three parallel arrays (time, key, id), for the list schedulers
 (:mod:`placetool.search.listsched`). The simulator's own queues are sorted arrays
 (:mod:`placetool.costmodel.engine.queues`).
+
+heap_push and heap_pop move the three arrays in step and so read alike, but push sifts a
+key up and pop sifts the last key down from the root: opposite walks, not one logic. The
+engine's evq_push moves the same three arrays but inserts into a sorted array, which suits
+its queue of at most one event per device and link, not the list schedulers' queues of
+ready ops (every op whose priority is known can wait in one at once).
 """
 
 from __future__ import annotations

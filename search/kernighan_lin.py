@@ -28,6 +28,9 @@ def _before(cost, stamp, a, b):
     return cost[a] < cost[b] or (cost[a] == cost[b] and stamp[a] < stamp[b])
 
 
+# _up and _down are a heap's sift-up and sift-down, each keeping ``pos`` (a node's place
+# in the heap, for the cost updates as neighbours move) in step: alike in shape, opposite
+# in direction, as in search/heaps.py.
 @njit(cache=True)
 def _up(heap, pos, cost, stamp, i):
     x = heap[i]

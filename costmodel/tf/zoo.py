@@ -147,6 +147,8 @@ def build_seq2seq(layers=2, hidden=1024, vocab=30000, src_len=30, tgt_len=30, gn
 # ---------------------------------------------------------------- transformer, wavenet
 def build_transformer(layers=6, d_model=512, heads=8, d_ff=2048, vocab=32000, seq_len=64):
     """Transformer (base) encoder-decoder; layer k of encoder and decoder tagged k."""
+    # starts as build_nmt does (seeded Keras, source and target inputs, a tag per layer):
+    # a few lines kept in each builder so that each reads as one model, whole
     keras = _keras()
     L = keras.layers
     keras.utils.set_random_seed(0)
