@@ -134,6 +134,10 @@ def restore(net, w, ck, base, j, placement):
     for op in range(placement.shape[0]):
         w.missing[op] = ck.op[j, CK_OP_MISSING, op]
         w.out_refs[op] = ck.op[j, CK_OP_OUT_REFS, op]
+    # restore is save's copies read backwards, field by field (w <- ck where save has
+    # ck <- w), written out like the loop rather than one helper with a direction switch
+    # per field: a branch in every copy of a restore, which runs once per incremental move
+    # (not measured separately).
     # queues: the stored slices, sorted, re-based for this placement
     k = 0
     for d in range(D):

@@ -35,29 +35,21 @@ RECV_DONE = 3
 
 # ------------------------------------------------------- steps the loop repeats
 # Plain njit functions, which LLVM inlines into the loop (not numba's inline="always",
-# which made a jump table of the loop: +11%, benchmarks/README.md). With these four the
-# loop counted 855.4 instructions per op on synthetic-10k and 675.6 on inception_v3
+# which made a jump table of the loop: +11%, benchmarks/README.md). With these the loop
+# counted 855.4 instructions per op on synthetic-10k and 675.6 on inception_v3
 # (benchmarks/simulator.py --callgrind), against 849.1 and 675.5 written out: within
 # 0.8%, so the six device marks, two link appends and three ready-queue pushes are
-# written once.
+# written once. Devices and links are marked by the one helper (855.4 and 675.6, as
+# with one for each).
 @njit(cache=True)
-def mark_device(dev_pending, dpend, n_dpend, d):
-    """List device d for the next dispatch (once); returns the new list length."""
-    if not dev_pending[U64(d)]:
-        dev_pending[U64(d)] = True
-        dpend[U64(n_dpend)] = d
-        return n_dpend + 1
-    return n_dpend
-
-
-@njit(cache=True)
-def mark_link(link_pending, pending, n_pending, l):
-    """List link l for the next dispatch (once); returns the new list length."""
-    if not link_pending[U64(l)]:
-        link_pending[U64(l)] = True
-        pending[U64(n_pending)] = l
-        return n_pending + 1
-    return n_pending
+def mark(listed, order, n, i):
+    """List device or link i for the next dispatch (once): ``listed`` flags it, ``order``
+    holds the n listed so far in listing order; returns the new list length."""
+    if not listed[U64(i)]:
+        listed[U64(i)] = True
+        order[U64(n)] = i
+        return n + 1
+    return n
 
 
 @njit(cache=True)
@@ -69,7 +61,7 @@ def link_append(x_next, link_head, link_tail, link_pending, pending, n_pending, 
     else:
         link_head[U64(l)] = x
     link_tail[U64(l)] = x
-    return mark_link(link_pending, pending, n_pending, l)
+    return mark(link_pending, pending, n_pending, l)
 
 
 @njit(cache=True)
@@ -284,7 +276,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 op = i
                 d = placement[U64(op)]
                 running[U64(d)] = False
-                n_dpend = mark_device(dev_pending, dpend, n_dpend, d)
+                n_dpend = mark(dev_pending, dpend, n_dpend, d)
                 if INCR and moved[U64(op)]:
                     n_moved_done += 1
                 if now > makespan:
@@ -344,7 +336,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                         dc = placement[U64(c)]
                         ready_op(rq, rq_base, rq_size, rq_unsorted, dc, (epoch << 32) | rank[U64(c)])
                         if not running[U64(dc)]:
-                            n_dpend = mark_device(dev_pending, dpend, n_dpend, dc)
+                            n_dpend = mark(dev_pending, dpend, n_dpend, dc)
                 out_refs[U64(op)] = refs
                 wo += refs * np.int64(op + 1)
                 if refs == 0:
@@ -354,7 +346,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 x = i
                 s = x_src[U64(x)]
                 running[U64(s)] = False
-                n_dpend = mark_device(dev_pending, dpend, n_dpend, s)
+                n_dpend = mark(dev_pending, dpend, n_dpend, s)
                 l = s * D + x_dst[U64(x)]
                 n_pending = link_append(x_next, link_head, link_tail, link_pending, pending, n_pending, l, x)
             else:
@@ -367,7 +359,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                     s = x_src[U64(x)]
                     l = s * D + dd
                     link_busy[U64(l)] = False
-                    n_pending = mark_link(link_pending, pending, n_pending, l)
+                    n_pending = mark(link_pending, pending, n_pending, l)
                     prod = tensor_op[U64(t)]
                     out_refs[U64(prod)] -= 1
                     wo -= prod + 1
@@ -379,12 +371,12 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                                                       (epoch << 32) | rank[U64(prod)], (t * D + dd) * 2 + 1,
                                                       x * 2 + 1)
                         if not running[U64(dd)]:
-                            n_dpend = mark_device(dev_pending, dpend, n_dpend, dd)
+                            n_dpend = mark(dev_pending, dpend, n_dpend, dd)
                         continue
                 else:
                     # ==== reference.recv_done: a receive task ended: dd is free, and the tensor is on it
                     running[U64(dd)] = False
-                    n_dpend = mark_device(dev_pending, dpend, n_dpend, dd)
+                    n_dpend = mark(dev_pending, dpend, n_dpend, dd)
                 # ==== reference.arrived (from xfer_done or recv_done): the tensor is on dd, its
                 # consumers there have one input fewer to wait for (input_arrived)
                 for e in range(tensor_ptr[U64(t)], tensor_ptr[U64(t + 1)]):
@@ -398,7 +390,7 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                     if (missing[U64(c)] | other) == 0:
                         ready_op(rq, rq_base, rq_size, rq_unsorted, dd, (epoch << 32) | rank[U64(c)])
                         if not running[U64(dd)]:  # a receive marked dd already
-                            n_dpend = mark_device(dev_pending, dpend, n_dpend, dd)
+                            n_dpend = mark(dev_pending, dpend, n_dpend, dd)
     if ck is not None:
         if record and next_ck > 0 and matched < 0:
             for d in range(D):

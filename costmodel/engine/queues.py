@@ -50,6 +50,9 @@ def evq_push(ev_b, ev_k, ev_id, size, b, k, i):
     Returns the new size. At most one event per device and per link is pending, so
     the queue is short, and the one data-dependent exit of this scan mispredicts less
     often than a heap's sifts, which branch on every level of a push and a pop."""
+    # Shaped like search/heaps.py's heap_push (three parallel arrays moved in step), but
+    # an insertion into a sorted array, not a heap's sift-up: the two queues differ in size
+    # and use (heaps.py's docstring), so neither serves the other.
     j = U64(size)
     while j > U64(0):
         pb = ev_b[j - U64(1)]
