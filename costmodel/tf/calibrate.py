@@ -202,6 +202,21 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
     profile.step_overhead_us = step_overheads(spec)
     log("  " + ", ".join(f"{k + 1} dev: {v:,.0f} µs" for k, v in enumerate(profile.step_overhead_us)))
 
+    _profile_graphs(traced_list, spec, names, profile, trace_steps, timeout_s, log)
+    lat, bw = _time_links(spec, names, profile, sizes, reps, timeout_s, log)
+    if link_queue == "auto":
+        link_queue = "none" if spec.workers else "fifo"
+    cluster = _cluster(name, names, spec, profile, lat, bw, memory_bytes or {}, link_queue)
+    if split_steps > 0 and D > 1:
+        cluster = _fit_transfers(traced_list, spec, profile, cluster, split_steps, rounds, timeout_s,
+                                 max_noise_pct, fit_inputs, log)
+    profile.cluster_dict = cluster.to_dict()
+    return profile, cluster
+
+
+def _profile_graphs(traced_list, spec: ClusterSpec, names, profile: Profile, trace_steps, timeout_s, log):
+    """Profile each graph's ops on the first device of each kind into ``profile``, then
+    refit it and set its per-op dispatch cost of each kind."""
     first_of_kind = {}
     for d, k in enumerate(spec.kinds):
         first_of_kind.setdefault(k, d)
@@ -228,6 +243,11 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
             profile.dispatch_us[kind] = float(np.median(gaps))
             log(f"per-op dispatch cost on {kind}: {profile.dispatch_us[kind]:,.1f} µs")
 
+
+def _time_links(spec: ClusterSpec, names, profile: Profile, sizes, reps, timeout_s, log):
+    """Time transfers on every ordered pair of devices into ``profile.links``: the
+    (latency, bandwidth) matrices fitted to them."""
+    D = len(names)
     lat = np.zeros((D, D))
     bw = np.full((D, D), np.inf)
     for a in range(D):
@@ -250,51 +270,53 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
                 log(f"  note: transfers up to {max(sizes):,} bytes took no longer than small ones (timing "
                     f"noise is larger than the size effect), so the link is taken to cost no time per "
                     f"byte: time larger transfers (--max-transfer) for a bandwidth")
+    return lat, bw
 
-    if link_queue == "auto":
-        link_queue = "none" if spec.workers else "fifo"
-    cluster = _cluster(name, names, spec, profile, lat, bw, memory_bytes or {}, link_queue)
-    if split_steps > 0 and D > 1:
-        # the designs split work between two devices: their kinds' costs are what they measure
-        kinds = tuple(sorted({spec.kinds[d] for d in split_pair(spec)}))
-        samples = []
-        for t in traced_list:
-            designs = designed_splits(t.graph, spec)
-            log(f"measuring {len(designs)} designed split placements of {t.graph.name}, "
-                f"{rounds} interleaved rounds of {split_steps} steps ...")
-            reps = measure_interleaved(t, [p for _, p, _ in designs], spec, rounds=rounds, steps=split_steps,
-                                       warmup=2, timeout_s=timeout_s)
-            for (label, p, held), m in zip(designs, reps):
-                samples.append(StepSample(t.graph, p, m.step_us, m.spread_pct, label, held))
-        log(f"fitting transfer costs to {sum(not s.held_out for s in samples)} steps "
-            f"({sum(s.held_out for s in samples)} held out) ...")
-        if fit_inputs is not None:
-            fit_inputs.update(samples=samples, cluster=cluster, kinds=kinds)
-        fit = fit_transfer_costs(samples, cluster, profile, kinds=kinds)
-        summ = fit.summary()
-        cluster = with_transfer_params(cluster, fit.params, kinds)
-        for link in profile.links:
-            link["latency_measured_us"] = link["latency_us"]
-            link["latency_us"] = fit.params["latency_us"]
-            link["latency_source"] = f"fitted to {len(samples)} split-placement steps"
-        profile.meta["transfer_fit"] = summ
-        p_ = fit.params
-        log(f"transfer costs ({', '.join(kinds)} devices): send {p_['send_us']:,.1f} µs + "
-            f"{p_['send_us_per_byte'] * 1e6:,.1f} µs/MB, receive {p_['recv_us']:,.1f} µs + "
-            f"{p_['recv_us_per_byte'] * 1e6:,.1f} µs/MB, link latency {p_['latency_us']:,.1f} µs")
-        log(f"  fit: median |error| {_pct(summ['fit']['median_abs_error_pct'])} (max "
-            f"{_pct(summ['fit']['max_abs_error_pct'])}) on {summ['fit']['n']} placements; held out: "
-            f"{_pct(summ['held_out']['median_abs_error_pct'])} (max {_pct(summ['held_out']['max_abs_error_pct'])}) "
-            f"on {summ['held_out']['n']}; noise floor ±{fit.noise_floor_pct:.1f}%")
-        log(f"  per-transfer step cost: {fit.per_transfer_note}")
-        if fit.noise_floor_pct > max_noise_pct:
-            msg = (f"the machine is too noisy to calibrate: repeated runs of one placement spread by "
-                   f"±{fit.noise_floor_pct:.1f}% (median over {len(samples)} placements), more than "
-                   f"--max-noise {max_noise_pct:g}%; close other jobs and run again")
-            profile.meta["noisy"] = msg
-            log("WARNING: " + msg)
-    profile.cluster_dict = cluster.to_dict()
-    return profile, cluster
+
+def _fit_transfers(traced_list, spec: ClusterSpec, profile: Profile, cluster: Cluster, split_steps, rounds,
+                   timeout_s, max_noise_pct, fit_inputs, log) -> Cluster:
+    """Measure the designed split placements of each graph and fit the transfer costs to
+    those steps: ``cluster`` with the fitted transfer parameters (``profile`` records the
+    fit; ``fit_inputs``, if a dict, what it was made from)."""
+    # the designs split work between two devices: their kinds' costs are what they measure
+    kinds = tuple(sorted({spec.kinds[d] for d in split_pair(spec)}))
+    samples = []
+    for t in traced_list:
+        designs = designed_splits(t.graph, spec)
+        log(f"measuring {len(designs)} designed split placements of {t.graph.name}, "
+            f"{rounds} interleaved rounds of {split_steps} steps ...")
+        reps = measure_interleaved(t, [p for _, p, _ in designs], spec, rounds=rounds, steps=split_steps,
+                                   warmup=2, timeout_s=timeout_s)
+        for (label, p, held), m in zip(designs, reps):
+            samples.append(StepSample(t.graph, p, m.step_us, m.spread_pct, label, held))
+    log(f"fitting transfer costs to {sum(not s.held_out for s in samples)} steps "
+        f"({sum(s.held_out for s in samples)} held out) ...")
+    if fit_inputs is not None:
+        fit_inputs.update(samples=samples, cluster=cluster, kinds=kinds)
+    fit = fit_transfer_costs(samples, cluster, profile, kinds=kinds)
+    summ = fit.summary()
+    cluster = with_transfer_params(cluster, fit.params, kinds)
+    for link in profile.links:
+        link["latency_measured_us"] = link["latency_us"]
+        link["latency_us"] = fit.params["latency_us"]
+        link["latency_source"] = f"fitted to {len(samples)} split-placement steps"
+    profile.meta["transfer_fit"] = summ
+    p_ = fit.params
+    log(f"transfer costs ({', '.join(kinds)} devices): send {p_['send_us']:,.1f} µs + "
+        f"{p_['send_us_per_byte'] * 1e6:,.1f} µs/MB, receive {p_['recv_us']:,.1f} µs + "
+        f"{p_['recv_us_per_byte'] * 1e6:,.1f} µs/MB, link latency {p_['latency_us']:,.1f} µs")
+    log(f"  fit: median |error| {_pct(summ['fit']['median_abs_error_pct'])} (max "
+        f"{_pct(summ['fit']['max_abs_error_pct'])}) on {summ['fit']['n']} placements; held out: "
+        f"{_pct(summ['held_out']['median_abs_error_pct'])} (max {_pct(summ['held_out']['max_abs_error_pct'])}) "
+        f"on {summ['held_out']['n']}; noise floor ±{fit.noise_floor_pct:.1f}%")
+    log(f"  per-transfer step cost: {fit.per_transfer_note}")
+    if fit.noise_floor_pct > max_noise_pct:
+        msg = (f"the machine is too noisy to calibrate: repeated runs of one placement spread by "
+               f"±{fit.noise_floor_pct:.1f}% (median over {len(samples)} placements), more than "
+               f"--max-noise {max_noise_pct:g}%; close other jobs and run again")
+        profile.meta["noisy"] = msg
+        log("WARNING: " + msg)
+    return cluster
 
 
 def _pct(x) -> str:
