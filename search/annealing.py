@@ -231,6 +231,176 @@ def _start_seed(problem, tracker, start) -> list:
     return [(o, "start", a)]
 
 
+def _check_kinds(kinds):
+    """The kinds of guided moves sa may draw: all of them for None, a string split at
+    commas (``--option kinds=pull,region``); SearchError for any other kind."""
+    if kinds is None:
+        kinds = CriticalMoves.KINDS
+    if isinstance(kinds, str):  # --option kinds=pull,region
+        kinds = tuple(k.strip() for k in kinds.split(","))
+    if not isinstance(kinds, (tuple, list)) or not kinds or any(k not in CriticalMoves.KINDS for k in kinds):
+        raise SearchError(f"sa: kinds must be some of {', '.join(CriticalMoves.KINDS)}, got {kinds!r}")
+    return kinds
+
+
+def _kick_sizes(n_movable: int) -> list:
+    """How many random moves kick a restart off the best: the smallest, doubled for each
+    restart in a row that found no new best, up to a quarter of the groups, then the
+    smallest again (``kicks[stale % len(kicks)]``). Small kicks return to the best's own
+    basin; on small problems sa otherwise stays 2-5% above a proven optimum however long
+    it runs."""
+    kicks = [max(2, n_movable // 50)]
+    while kicks[-1] < n_movable // 4:
+        kicks.append(min(2 * kicks[-1], n_movable // 4))
+    return kicks
+
+
+class _Neighbours:
+    """sa's neighbour proposals: with probability ``guided`` a move of the critical path
+    (its kind drawn by ``odds``, else uniformly from ``kinds``), otherwise one random
+    group to another device it may use, or with probability ``swap`` the devices of two
+    groups exchanged."""
+
+    def __init__(self, problem, rng, movable, swap, guide, guided, kinds, odds):
+        self.rng, self.allowed, self.movable, self.swap = rng, problem.allowed, movable, swap
+        self.ok_lists = [np.flatnonzero(problem.allowed[k]) for k in range(problem.n_groups)]
+        self.guide, self.guided, self.kinds, self.odds = guide, guided, kinds, odds
+
+    def random(self, cur):
+        """(new assignment, moved group or -1 for a swap)."""
+        rng, movable, allowed = self.rng, self.movable, self.allowed
+        a = cur.copy()
+        if rng.random() < self.swap and movable.size >= 2:
+            for _ in range(8):
+                g1, g2 = rng.choice(movable, 2, replace=False)
+                d1, d2 = cur[g1], cur[g2]
+                if d1 != d2 and allowed[g1, d2] and allowed[g2, d1]:
+                    a[g1], a[g2] = d2, d1
+                    return a, -1
+        g = movable[rng.integers(movable.size)]
+        others = self.ok_lists[g][self.ok_lists[g] != cur[g]]
+        a[g] = others[rng.integers(others.size)]
+        return a, g
+
+    def __call__(self, cur, cp):
+        """(new assignment, moved group or -1, kind of move)."""
+        rng = self.rng
+        if self.guide is not None and cp is not None and rng.random() < self.guided:
+            kind = self.odds.draw(rng) if self.odds is not None else self.kinds[rng.integers(len(self.kinds))]
+            a = self.guide.propose(cur, cp, kind)
+            if a is not None:
+                diff = np.flatnonzero(a != cur)
+                return a, (int(diff[0]) if diff.size == 1 else -1), kind
+        a, g = self.random(cur)
+        return a, g, "random"
+
+
+class _Walk:
+    """One sa run between batches: the current placement, its objective and critical
+    path, the temperature, the last uphill proposals (1 accepted, 0 rejected) and what
+    the restarts go by."""
+
+    def __init__(self, problem, tracker, scorer, propose, rng, meta, cur, cur_obj, ref):
+        self.problem, self.tracker, self.scorer, self.propose, self.rng, self.meta = (
+            problem, tracker, scorer, propose, rng, meta)
+        self.cm = problem.cost_model
+        self.cap = self.cm.capacity
+        self.guide, self.odds = propose.guide, propose.odds
+        self.cur, self.cur_obj = cur, cur_obj
+        self.ref = ref  # infeasible placements score at least 1.5x the best feasible seed (see objective)
+        self.cp = CriticalPath(self.cm, cur) if self.guide is not None else None
+        self.stale, self.bests_at_restart = 0, len(tracker.history)
+        self.T = 0.02
+        self.hist = []  # uphill proposals: 1 accepted, 0 rejected (the last ``window``)
+        self.run_best, self.since_best, self.next_seed = cur_obj, 0, 1
+
+    def step(self, n_batch: int) -> bool:
+        """Propose a batch of neighbours, score them together and put the best to the
+        Metropolis rule; False when the budget left nothing to score."""
+        n = min(n_batch, self.tracker.remaining_evals())
+        props = [self.propose(self.cur, self.cp) for _ in range(n)]
+        cand = [x[0] for x in props]
+        steps, feasible, peak = self.scorer.score(cand, [x[1] for x in props])
+        if not len(steps):
+            return False
+        objs = objective(steps, feasible, peak, self.cap, self.ref)
+        # ---- Metropolis on the best neighbour of the batch
+        self.meta["proposals"] += len(objs)
+        i = int(np.argmin(objs))
+        o = objs[i]
+        d = (o - self.cur_obj) / max(self.cur_obj, 1e-9)
+        acc = bool(np.isfinite(o) and (d <= 0 or self.rng.random() < math.exp(-d / max(self.T, 1e-12))))
+        if not d <= 0:  # only uphill steps tell how hot it is
+            self.hist.append(1 if acc else 0)
+        if self.odds is not None:
+            self.odds.record([x[2] for x in props], props[i][2], bool(d < 0))
+        if acc:
+            self._accept(cand[i], float(objs[i]), float(steps[i]), props[i][2], len(cand))
+        else:
+            self.scorer.after_batch(len(cand))
+        if self.cur_obj < self.run_best * (1 - 1e-12):
+            self.run_best, self.since_best = self.cur_obj, 0
+        else:
+            self.since_best += len(cand)
+        return True
+
+    def _accept(self, a, obj: float, step_us: float, kind: str, n: int) -> None:
+        """Make ``a`` (objective ``obj``, step time ``step_us``) the current placement."""
+        meta = self.meta
+        meta["accepted"] += 1
+        meta["accepted_by_kind"][kind] = meta["accepted_by_kind"].get(kind, 0) + 1
+        moved = np.flatnonzero(a != self.cur)
+        prev, self.cur, self.cur_obj = self.cur, a, obj
+        self.scorer.after_batch(n, self.cur)
+        if self.guide is not None and moved.size:
+            # tracing costs a traced simulation and more than the commit: most accepted
+            # moves are sideways steps off the path, which leave it where it was
+            if self.cp.still_holds(moved, step_us):
+                self.cp.moved(moved, prev[moved], self.cur[moved], self.problem.group_time)
+            else:
+                self.cp = CriticalPath(self.cm, self.cur)
+
+    def cool(self, window: int, accept_start: float, accept_end: float, progress) -> None:
+        """Steer the uphill acceptance rate of the last ``window`` uphill proposals towards
+        a target falling from ``accept_start`` to ``accept_end`` as ``progress()`` goes
+        from 0 to 1."""
+        if len(self.hist) >= window:
+            rate = sum(self.hist[-window:]) / window
+            target = accept_start + (accept_end - accept_start) * min(1.0, progress())
+            self.T *= 0.85 if rate > target else 1.15
+            self.T = min(max(self.T, 1e-7), 10.0)
+            del self.hist[:-window]
+
+    def restart(self, seeds_, kicks) -> None:
+        """Start again, re-heated: from the best seen, kicked by a few random moves
+        (``kicks``, see :func:`_kick_sizes`); every third time from the next seed."""
+        meta, tracker = self.meta, self.tracker
+        meta["restarts"] += 1
+        self.stale = 0 if len(tracker.history) > self.bests_at_restart else self.stale + 1
+        self.bests_at_restart = len(tracker.history)  # one entry per new best
+        if self.next_seed < len(seeds_) and meta["restarts"] % 3 == 0:
+            cur = seeds_[self.next_seed][2].copy()
+            self.next_seed += 1
+        else:
+            cur = tracker.best_assignment.copy()
+            k = kicks[self.stale % len(kicks)]
+            meta["widest_kick"] = max(meta["widest_kick"], k)
+            for _ in range(k):
+                cur = self.propose.random(cur)[0]
+        self.cur = cur
+        self.cur_obj = self._restart_from(cur)
+        self.run_best, self.since_best, self.T = self.cur_obj, 0, max(self.T, 0.02)
+
+    def _restart_from(self, a) -> float:
+        """Score ``a`` as the new current placement: its objective, inf when the budget is spent."""
+        r = self.scorer.restart(a)
+        if r is None:
+            return np.inf
+        if self.guide is not None:
+            self.cp = CriticalPath(self.cm, a)
+        return float(objective([r[0]], [r[1]], np.atleast_2d(r[2]), self.cap, self.ref)[0])
+
+
 @register("sa")
 def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = "auto", batch: Count | None = None,
            guided: Share = 0.7, swap: Share = 0.1, accept_start: Share = 0.05, accept_end: Share = 0.001,
@@ -247,9 +417,7 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
         raise SearchError(f"sa: moves must be 'critical' or 'random', got {moves!r}")
     rng = np.random.default_rng(seed)
     cm = problem.cost_model
-    cap = cm.capacity
-    allowed = problem.allowed
-    movable = np.flatnonzero(allowed.sum(axis=1) >= 2)
+    movable = np.flatnonzero(problem.allowed.sum(axis=1) >= 2)
     if start is None:
         seeds_, skipped = seed_assignments(problem, budget, seed, tracker, names=seeds)
     else:
@@ -264,142 +432,30 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
     if movable.size == 0 or not seeds_:
         return meta
     patience = patience or max(64, 8 * movable.size)
-    ok_lists = [np.flatnonzero(allowed[k]) for k in range(problem.n_groups)]
     guide = CriticalMoves(problem, rng) if moves == "critical" else None
-    if kinds is None:
-        kinds = CriticalMoves.KINDS
-    if isinstance(kinds, str):  # --option kinds=pull,region
-        kinds = tuple(k.strip() for k in kinds.split(","))
-    if not isinstance(kinds, (tuple, list)) or not kinds or any(k not in CriticalMoves.KINDS for k in kinds):
-        raise SearchError(f"sa: kinds must be some of {', '.join(CriticalMoves.KINDS)}, got {kinds!r}")
+    kinds = _check_kinds(kinds)
+    odds = KindOdds(kinds) if adapt else None
+    propose = _Neighbours(problem, rng, movable, swap, guide, guided, kinds, odds)
 
     def progress():
         if budget.evals is not None:
             return tracker.evaluations / budget.evals
         return tracker.seconds / budget.seconds
 
-    def random_neighbour(cur):
-        """(new assignment, moved group or -1 for a swap)."""
-        a = cur.copy()
-        if rng.random() < swap and movable.size >= 2:
-            for _ in range(8):
-                g1, g2 = rng.choice(movable, 2, replace=False)
-                d1, d2 = cur[g1], cur[g2]
-                if d1 != d2 and allowed[g1, d2] and allowed[g2, d1]:
-                    a[g1], a[g2] = d2, d1
-                    return a, -1
-        g = movable[rng.integers(movable.size)]
-        others = ok_lists[g][ok_lists[g] != cur[g]]
-        a[g] = others[rng.integers(others.size)]
-        return a, g
-
-    odds = KindOdds(kinds) if adapt else None
-
-    def neighbour(cur, cp):
-        """(new assignment, moved group or -1, kind of move)."""
-        if guide is not None and cp is not None and rng.random() < guided:
-            kind = odds.draw(rng) if odds is not None else kinds[rng.integers(len(kinds))]
-            a = guide.propose(cur, cp, kind)
-            if a is not None:
-                diff = np.flatnonzero(a != cur)
-                return a, (int(diff[0]) if diff.size == 1 else -1), kind
-        a, g = random_neighbour(cur)
-        return a, g, "random"
-
     cur_obj, _, cur = seeds_[0]
     cur = cur.copy()
-    # infeasible placements score at least 1.5x the best feasible seed (see objective)
     ref = tracker.best_feasible_us
     scorer = _Scorer(tracker, cm, cur, mode, checkpoints=checkpoints, threads=threads)
-    cp = CriticalPath(cm, cur) if guide is not None else None
-
-    def restart_from(a):
-        nonlocal cp
-        r = scorer.restart(a)
-        if r is None:
-            return np.inf
-        if guide is not None:
-            cp = CriticalPath(cm, a)
-        return float(objective([r[0]], [r[1]], np.atleast_2d(r[2]), cap, ref)[0])
-
-    # random moves that kick a restart off the best: the smallest, doubled for each restart
-    # in a row that found no new best, up to a quarter of the groups, then the smallest
-    # again (kicks[stale % len(kicks)]). Small kicks return to the best's own basin; on
-    # small problems sa otherwise stays 2-5% above a proven optimum however long it runs
-    kicks = [max(2, movable.size // 50)]
-    while kicks[-1] < movable.size // 4:
-        kicks.append(min(2 * kicks[-1], movable.size // 4))
-
-    stale, bests_at_restart = 0, len(tracker.history)
-    T = 0.02
-    hist = []  # uphill proposals: 1 accepted, 0 rejected (the last ``window``)
-    run_best, since_best, next_seed = cur_obj, 0, 1
+    walk = _Walk(problem, tracker, scorer, propose, rng, meta, cur, cur_obj, ref)
+    kicks = _kick_sizes(movable.size)
     n_batch = 1 if mode == "incremental" and guide is None else batch
-
     while not tracker.done():
-        # ---- propose a batch of neighbours and score them together
-        n = min(n_batch, tracker.remaining_evals())
-        props = [neighbour(cur, cp) for _ in range(n)]
-        cand = [x[0] for x in props]
-        steps, feasible, peak = scorer.score(cand, [x[1] for x in props])
-        if not len(steps):
+        if not walk.step(n_batch):  # propose a batch, score it, Metropolis on its best
             break
-        objs = objective(steps, feasible, peak, cap, ref)
-        # ---- Metropolis on the best neighbour of the batch
-        meta["proposals"] += len(objs)
-        i = int(np.argmin(objs))
-        o = objs[i]
-        d = (o - cur_obj) / max(cur_obj, 1e-9)
-        acc = bool(np.isfinite(o) and (d <= 0 or rng.random() < math.exp(-d / max(T, 1e-12))))
-        if not d <= 0:  # only uphill steps tell how hot it is
-            hist.append(1 if acc else 0)
-        if odds is not None:
-            odds.record([x[2] for x in props], props[i][2], bool(d < 0))
-        if acc:
-            meta["accepted"] += 1
-            kind = props[i][2]
-            meta["accepted_by_kind"][kind] = meta["accepted_by_kind"].get(kind, 0) + 1
-            moved = np.flatnonzero(cand[i] != cur)
-            prev, cur, cur_obj = cur, cand[i], float(objs[i])
-            scorer.after_batch(len(cand), cur)
-            if guide is not None and moved.size:
-                # tracing costs a traced simulation and more than the commit: most accepted
-                # moves are sideways steps off the path, which leave it where it was
-                if cp.still_holds(moved, float(steps[i])):
-                    cp.moved(moved, prev[moved], cur[moved], problem.group_time)
-                else:
-                    cp = CriticalPath(cm, cur)
-        else:
-            scorer.after_batch(len(cand))
-        if cur_obj < run_best * (1 - 1e-12):
-            run_best, since_best = cur_obj, 0
-        else:
-            since_best += len(cand)
-        # ---- temperature: steer the uphill acceptance rate towards a falling target
-        if len(hist) >= window:
-            rate = sum(hist[-window:]) / window
-            target = accept_start + (accept_end - accept_start) * min(1.0, progress())
-            T *= 0.85 if rate > target else 1.15
-            T = min(max(T, 1e-7), 10.0)
-            del hist[:-window]
-        # ---- restart when stuck: from the best seen, kicked by a few random moves;
-        #      every third time from the next seed
-        if since_best >= patience and not tracker.done():
-            meta["restarts"] += 1
-            stale = 0 if len(tracker.history) > bests_at_restart else stale + 1
-            bests_at_restart = len(tracker.history)  # one entry per new best
-            if next_seed < len(seeds_) and meta["restarts"] % 3 == 0:
-                cur = seeds_[next_seed][2].copy()
-                next_seed += 1
-            else:
-                cur = tracker.best_assignment.copy()
-                k = kicks[stale % len(kicks)]
-                meta["widest_kick"] = max(meta["widest_kick"], k)
-                for _ in range(k):
-                    cur = random_neighbour(cur)[0]
-            cur_obj = restart_from(cur)
-            run_best, since_best, T = cur_obj, 0, max(T, 0.02)
-    meta["temperature"] = T
+        walk.cool(window, accept_start, accept_end, progress)
+        if walk.since_best >= patience and not tracker.done():  # stuck: restart
+            walk.restart(seeds_, kicks)
+    meta["temperature"] = walk.T
     if odds is not None:
         meta["kind_odds"] = odds.as_dict()
     meta.update(scorer.metadata())
