@@ -93,6 +93,160 @@ class _Bar:
         self.bar.advance_to(int(min(f, 1.0) * 1000), best_step_us)
 
 
+def _check_method_options(S, method, budget_evals, budget_seconds, flags, method_opts, dask_local, scheduler,
+                          workers):
+    """(method, budget, options) the run will use, checked before anything is loaded:
+    ``--dask``/``--scheduler`` turn ``sa`` into its islands, ``--option`` pairs and the
+    method's own flags (``flags``) are checked against the method's options."""
+    facts = S.info(method)  # unknown method: SearchError before any loading
+    if budget_evals is None and budget_seconds is None:
+        budget = facts.budget
+    else:
+        budget = S.Budget(evals=budget_evals, seconds=budget_seconds)
+    given = {**flags, **_parse_options(method_opts)}
+    if dask_local or scheduler:  # one sa search spread over a Dask cluster's workers
+        if dask_local and scheduler:
+            raise UserError("give only one of --dask, --scheduler ADDR")
+        if method != "sa":
+            raise UserError(f"--dask and --scheduler run annealing islands: they need --method sa, not {method!r}")
+        given = {**given, "scheduler": scheduler, "workers": workers}
+        method = "islands"
+    elif workers is not None:
+        raise UserError("--workers only applies with --dask")
+    options = S.check_options(method, given, spell=lambda k: f"--{k.replace('_', '-')}" if k in flags
+                              else repr(k))  # before the graph is loaded
+    return method, budget, options
+
+
+def _check_verify_flags(verify_top, refine, profile, profile_out, model, trust_source, inputs) -> None:
+    """The options that only apply with ``--verify-top`` (or ``--refine``) given without it."""
+    if refine and not verify_top:
+        raise UserError("--refine only applies with --verify-top")
+    if profile_out and not (refine and profile):
+        raise UserError("--profile-out needs --refine and --profile (the profile it writes is that one, refitted)")
+    check_writable(profile_out, "--profile-out", inputs=inputs)
+    if (model is not None or trust_source) and not verify_top:
+        raise UserError(f"{'--model' if model is not None else '--trust-graph-source'} only applies with --verify-top")
+    if model is not None and trust_source:
+        raise UserError("give only one of --model SOURCE, --trust-graph-source")
+
+
+def _run_method(S, method, problem, budget, seed, options, keep_top, bar_enabled):
+    """(result, interrupted, failed): the search's result; the exit status when Ctrl-C
+    (130) or SIGTERM (143) cut it short, else None; the unexpected exception (a bug in
+    the method) it ended with, else None. Cut short or failed, the result is the best
+    found before; with nothing found yet the exception goes on up."""
+    interrupted = None
+    failed = None
+    try:
+        with _Bar(budget, bar_enabled) as bar:
+            result = S.run(method, problem, budget, seed=seed, progress=bar, keep_top=keep_top, **options)
+    except (KeyboardInterrupt, SystemExit) as e:
+        result = getattr(e, "partial_result", None)
+        if result is None:  # nothing evaluated yet: nothing to keep
+            raise
+        interrupted = e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
+    except (UserError, OSError):  # a user mistake or a file system problem: one line, as everywhere
+        raise
+    except Exception as e:  # a fault in the method: keep what it found before, then report it
+        result = getattr(e, "partial_result", None)
+        if result is None:
+            raise
+        failed = e
+    return result, interrupted, failed
+
+
+def _baselines(S, problem, method, seed) -> dict:
+    """--compare: the :data:`COMPARE_WITH` methods' step times on the problem."""
+    baselines = {}
+    for b in COMPARE_WITH:
+        if b != method:
+            r = S.run(b, problem, S.Budget(evals=64), seed=seed)
+            baselines[b] = {"step_time_us": r.step_time_us, "feasible": r.feasible}
+    return baselines
+
+
+def _result_json(g, cl, method, seed, budget, result, reason) -> dict:
+    """The search's result as the JSON object ``--json`` prints (``out`` still None)."""
+    lb = result.lower_bound_us
+    counts = np.bincount(result.assignment, minlength=cl.n_devices)
+    op_counts = np.bincount(result.placement, minlength=cl.n_devices)
+    return {
+        "graph": g.name,
+        "cluster": cl.name,
+        "method": method,
+        "seed": seed,
+        "budget": {"evals": budget.evals, "seconds": budget.seconds},
+        "step_time_us": result.step_time_us if np.isfinite(result.step_time_us) else None,
+        "feasible": result.feasible,
+        "reason": reason,
+        "lower_bound_us": lb,
+        "gap_to_lower_bound": (result.step_time_us / lb) if lb > 0 else None,
+        "evaluations": result.evaluations,
+        "seconds": result.seconds,
+        "compile_seconds": result.compile_seconds,
+        "groups_per_device": {n: int(c) for n, c in zip(cl.names, counts)},
+        "ops_per_device": {n: int(c) for n, c in zip(cl.names, op_counts)},
+        "history": [{"evaluations": e, "seconds": s, "best_step_us": b} for e, s, b in result.history],
+        "metadata": result.metadata,
+        "out": None,
+    }
+
+
+def _verify_result(S, obj, g, cl, cm, profile, problem, result, method, budget, seed, options, verify_top, refine,
+                   profile_out, testbed_n, cluster_spec, local, model, trust_source, quiet):
+    """--verify-top (and --refine): measure the best placements on real devices, into
+    ``obj["verified"]``; returns (best placement, its step time, what the placement
+    file records of the measurement): what hardware measured fastest is the answer."""
+    from .verifytop import refine as refine_loop, verify
+
+    if refine:
+        def rerun(pr, start, r):  # the next round's search, from the best measured placement
+            if method in ("sa", "islands"):
+                return S.run("sa", pr, budget, seed=seed + r, keep_top=verify_top, start=start)
+            return S.run(method, pr, budget, seed=seed + r, keep_top=verify_top, **options)
+
+        obj["verified"], best, best_us, prof_new, cl_new = refine_loop(
+            g, cl, cm, profile, problem, result, verify_top, refine, rerun, testbed_n, cluster_spec, local,
+            seed, quiet, model=model, trust=trust_source)
+        if profile_out:
+            from placetool.costmodel.errors import atomic_output
+
+            with atomic_output(profile_out) as tmp_p, atomic_output(str(Path(profile_out).with_suffix(".toml"))) as tmp_c:
+                prof_new.save(tmp_p)
+                cl_new.save(tmp_c)
+            obj["profile_out"] = profile_out
+    else:
+        obj["verified"], best, best_us = verify(g, cl, cm, profile, problem, result, verify_top, testbed_n,
+                                                cluster_spec, local, seed, quiet,
+                                                model=model, trust=trust_source)
+        obj["verified"].pop("placements_g", None)
+    v = obj["verified"]["rows"][obj["verified"]["recommended"]]
+    extra = {"verified": {"label": v["label"], "measured_us": v["measured_us"],
+                          "confirmed": obj["verified"]["confirmed"]}}
+    return best, best_us, extra
+
+
+def _exit_status(obj, result, method, out, reason, interrupted, failed, as_json) -> None:
+    """Exit with an error after the output when the search was cut short, failed or
+    found no placement that fits."""
+    if interrupted:
+        what = "interrupted" if interrupted == 130 else "terminated"
+        kept = f"; the best placement so far is in {out}" if obj["out"] else ""
+        fail(f"{what} after {result.evaluations:,} placements{kept}", interrupted, as_json)
+    if failed is not None:
+        kept = f"; the best placement found before it is in {out}" if obj["out"] else ""
+        msg = (f"method {method!r} failed after {result.evaluations:,} placements ({obj['failed']}){kept}. "
+               f"This is a bug in placetool; please report it with the traceback")
+        trace = "".join(traceback.format_exception(failed))
+        if not as_json:
+            click.echo(trace, err=True, nl=False)
+            msg += " above"
+        fail(msg, 1, as_json, traceback=trace)
+    if not result.feasible:
+        fail(f"the best placement found does not fit: {reason}" + (f"; {out} not written" if out else ""), 1, as_json)
+
+
 @click.command()
 @graph_option()
 @cluster_option()
@@ -157,125 +311,35 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
     inputs = {"--graph": graph, "--cluster": cluster, "--profile": profile, "--cluster-spec": cluster_spec}
     check_writable(out, "--out", inputs=inputs)
     check_writable(logdir, "--logdir", folder=True)
-    facts = S.info(method)  # unknown method: SearchError before any loading
-    if budget_evals is None and budget_seconds is None:
-        budget = facts.budget
-    else:
-        budget = S.Budget(evals=budget_evals, seconds=budget_seconds)
     flags = {k: v for k, v in dict(storage=storage, policy=policy, init_from=init_from, logdir=logdir).items()
              if v is not None}
-    given = {**flags, **_parse_options(method_opts)}
-    if dask_local or scheduler:  # one sa search spread over a Dask cluster's workers
-        if dask_local and scheduler:
-            raise UserError("give only one of --dask, --scheduler ADDR")
-        if method != "sa":
-            raise UserError(f"--dask and --scheduler run annealing islands: they need --method sa, not {method!r}")
-        given = {**given, "scheduler": scheduler, "workers": workers}
-        method = "islands"
-    elif workers is not None:
-        raise UserError("--workers only applies with --dask")
-    options = S.check_options(method, given, spell=lambda k: f"--{k.replace('_', '-')}" if k in flags
-                              else repr(k))  # before the graph is loaded
-
-    if refine and not verify_top:
-        raise UserError("--refine only applies with --verify-top")
-    if profile_out and not (refine and profile):
-        raise UserError("--profile-out needs --refine and --profile (the profile it writes is that one, refitted)")
-    check_writable(profile_out, "--profile-out", inputs={**inputs, "--out": out})
-    if (model is not None or trust_source) and not verify_top:
-        raise UserError(f"{'--model' if model is not None else '--trust-graph-source'} only applies with --verify-top")
-    if model is not None and trust_source:
-        raise UserError("give only one of --model SOURCE, --trust-graph-source")
+    method, budget, options = _check_method_options(S, method, budget_evals, budget_seconds, flags, method_opts,
+                                                    dask_local, scheduler, workers)
+    _check_verify_flags(verify_top, refine, profile, profile_out, model, trust_source, {**inputs, "--out": out})
     g, cl, cm = load_problem(graph, cluster, profile)
     problem = S.Problem(cm)  # SearchError when no placement can fit
     if verify_top:
         from .verifytop import check_verify_options
 
         check_verify_options(g, cl, testbed_n, cluster_spec, local, model, trust_source)  # before searching
-    interrupted = None  # exit status when Ctrl-C (130) or SIGTERM (143) cut the search short
-    failed = None  # an unexpected exception from the method (a bug), reported after the output
-    try:
-        with _Bar(budget, show_progress and not (as_json or quiet)) as bar:
-            result = S.run(method, problem, budget, seed=seed, progress=bar, keep_top=verify_top or 0, **options)
-    except (KeyboardInterrupt, SystemExit) as e:
-        result = getattr(e, "partial_result", None)
-        if result is None:  # nothing evaluated yet: nothing to keep
-            raise
-        interrupted = e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
+    result, interrupted, failed = _run_method(S, method, problem, budget, seed, options, verify_top or 0,
+                                              show_progress and not (as_json or quiet))
+    if interrupted is not None or failed is not None:
         compare = verify_top = None  # report what was found, start nothing new
-    except (UserError, OSError):  # a user mistake or a file system problem: one line, as everywhere
-        raise
-    except Exception as e:  # a fault in the method: keep what it found before, then report it
-        result = getattr(e, "partial_result", None)
-        if result is None:
-            raise
-        failed = e
-        compare = verify_top = None
 
-    lb = result.lower_bound_us
     reason = None if result.feasible else cm.simulate(result.placement).reason
-    baselines = {}
-    if compare:
-        for b in COMPARE_WITH:
-            if b != method:
-                r = S.run(b, problem, S.Budget(evals=64), seed=seed)
-                baselines[b] = {"step_time_us": r.step_time_us, "feasible": r.feasible}
-    counts = np.bincount(result.assignment, minlength=cl.n_devices)
-    op_counts = np.bincount(result.placement, minlength=cl.n_devices)
-    obj = {
-        "graph": g.name,
-        "cluster": cl.name,
-        "method": method,
-        "seed": seed,
-        "budget": {"evals": budget.evals, "seconds": budget.seconds},
-        "step_time_us": result.step_time_us if np.isfinite(result.step_time_us) else None,
-        "feasible": result.feasible,
-        "reason": reason,
-        "lower_bound_us": lb,
-        "gap_to_lower_bound": (result.step_time_us / lb) if lb > 0 else None,
-        "evaluations": result.evaluations,
-        "seconds": result.seconds,
-        "compile_seconds": result.compile_seconds,
-        "groups_per_device": {n: int(c) for n, c in zip(cl.names, counts)},
-        "ops_per_device": {n: int(c) for n, c in zip(cl.names, op_counts)},
-        "history": [{"evaluations": e, "seconds": s, "best_step_us": b} for e, s, b in result.history],
-        "metadata": result.metadata,
-        "out": None,
-    }
+    baselines = _baselines(S, problem, method, seed) if compare else {}
+    obj = _result_json(g, cl, method, seed, budget, result, reason)
     if baselines:
         obj["baselines"] = baselines
     best, best_us, extra = result.placement, result.step_time_us, {}
     if verify_top:
-        from .verifytop import refine as refine_loop, verify
-
-        if refine:
-            def rerun(pr, start, r):  # the next round's search, from the best measured placement
-                if method in ("sa", "islands"):
-                    return S.run("sa", pr, budget, seed=seed + r, keep_top=verify_top, start=start)
-                return S.run(method, pr, budget, seed=seed + r, keep_top=verify_top, **options)
-
-            obj["verified"], best, best_us, prof_new, cl_new = refine_loop(
-                g, cl, cm, profile, problem, result, verify_top, refine, rerun, testbed_n, cluster_spec, local,
-                seed, as_json or quiet, model=model, trust=trust_source)
-            if profile_out:
-                from placetool.costmodel.errors import atomic_output
-
-                with atomic_output(profile_out) as tmp_p, atomic_output(str(Path(profile_out).with_suffix(".toml"))) as tmp_c:
-                    prof_new.save(tmp_p)
-                    cl_new.save(tmp_c)
-                obj["profile_out"] = profile_out
-        else:
-            obj["verified"], best, best_us = verify(g, cl, cm, profile, problem, result, verify_top, testbed_n,
-                                                    cluster_spec, local, seed, as_json or quiet,
-                                                    model=model, trust=trust_source)
-            obj["verified"].pop("placements_g", None)
-        v = obj["verified"]["rows"][obj["verified"]["recommended"]]
-        # what hardware measured fastest is the answer, whatever the simulator preferred
-        extra = {"verified": {"label": v["label"], "measured_us": v["measured_us"],
-                              "confirmed": obj["verified"]["confirmed"]}}
+        best, best_us, extra = _verify_result(S, obj, g, cl, cm, profile, problem, result, method, budget, seed,
+                                              options, verify_top, refine, profile_out, testbed_n, cluster_spec,
+                                              local, model, trust_source, as_json or quiet)
     if out and result.feasible:
         write_json(out, cm.placement_to_json(best, best_us, extra={
-            "method": method, "seed": seed, "feasible": True, "lower_bound_us": lb, **extra}))
+            "method": method, "seed": seed, "feasible": True, "lower_bound_us": result.lower_bound_us, **extra}))
         obj["out"] = out
 
     if interrupted:
@@ -286,21 +350,7 @@ def search(graph, cluster, method, list_only, budget_evals, budget_seconds, seed
         emit_json(obj)
     else:
         _print_human(g, cl, obj, baselines, out)
-    if interrupted:
-        what = "interrupted" if interrupted == 130 else "terminated"
-        kept = f"; the best placement so far is in {out}" if obj["out"] else ""
-        fail(f"{what} after {result.evaluations:,} placements{kept}", interrupted, as_json)
-    if failed is not None:
-        kept = f"; the best placement found before it is in {out}" if obj["out"] else ""
-        msg = (f"method {method!r} failed after {result.evaluations:,} placements ({obj['failed']}){kept}. "
-               f"This is a bug in placetool; please report it with the traceback")
-        trace = "".join(traceback.format_exception(failed))
-        if not as_json:
-            click.echo(trace, err=True, nl=False)
-            msg += " above"
-        fail(msg, 1, as_json, traceback=trace)
-    if not result.feasible:
-        fail(f"the best placement found does not fit: {reason}" + (f"; {out} not written" if out else ""), 1, as_json)
+    _exit_status(obj, result, method, out, reason, interrupted, failed, as_json)
 
 
 def _print_human(g, cl, obj, baselines, out) -> None:
