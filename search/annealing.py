@@ -401,7 +401,7 @@ class _Walk:
         return float(objective([r[0]], [r[1]], np.atleast_2d(r[2]), self.cap, self.ref)[0])
 
 
-@register("sa")
+@register("sa", summary="Simulated annealing with moves aimed at the simulated critical path, from the seeding methods' best placement")
 def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = "auto", batch: Count | None = None,
            guided: Share = 0.7, swap: Share = 0.1, accept_start: Share = 0.05, accept_end: Share = 0.001,
            window: Count = 50, patience: Count | None = None, seeds: Seeds | None = None,

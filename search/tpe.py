@@ -107,7 +107,7 @@ def _check_folder(url, path) -> None:
         raise SearchError(f"tpe: cannot open Optuna storage {url!r}: folder {str(folder)!r} does not exist")
 
 
-@register("tpe")
+@register("tpe", summary="Optuna TPE over topological chunks of groups, from the seeding methods' placements")
 def tpe(problem, budget, seed, tracker, variables: Count = 100, batch: Count = 16, storage: str | None = None,
         seeds: Seeds | None = None, startup: Size = 10, multivariate: bool = True, anchor: bool = True):
     """Optuna TPE over topological chunks of groups (see the module docstring)."""
