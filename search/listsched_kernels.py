@@ -17,6 +17,8 @@ Every kernel is ``@njit(cache=True)`` and reads plain arrays, built from a probl
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, objmode
 
@@ -281,6 +283,20 @@ def downward_rank(order, wbar, pred_ptr, pred_src, pred_bytes, pred_ctrl, mean_l
 
 # -------------------------------------------------------- EFT (HEFT, CPOP)
 @njit(cache=True)
+def _used_indeg(gdev, gmem, pred_ptr, n, D):
+    """A schedule's start: the memory each device holds of the groups fixed beforehand
+    (``gdev`` >= 0) and each op's count of predecessors."""
+    used = np.zeros(D)
+    for g in range(len(gdev)):
+        if gdev[g] >= 0:
+            used[gdev[g]] += gmem[g]
+    indeg = np.zeros(n, np.int64)
+    for v in range(n):
+        indeg[v] = pred_ptr[v + 1] - pred_ptr[v]
+    return used, indeg
+
+
+@njit(cache=True)
 def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, succ_dst,
                  group, gdev, gmem, cap, lat, bw, forced, insertion,
                  in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, xc, queued, deadline):
@@ -297,17 +313,11 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
     place = np.full(n, -1, np.int64)
     start = np.zeros(n)
     finish = np.zeros(n)
-    used = np.zeros(D)
-    for g in range(len(gdev)):
-        if gdev[g] >= 0:
-            used[gdev[g]] += gmem[g]
+    used, indeg = _used_indeg(gdev, gmem, pred_ptr, n, D)
     slot_s = np.zeros((D, n + 1))
     slot_e = np.zeros((D, n + 1))
     cnt = np.zeros(D, np.int64)
     avail = np.zeros(D)
-    indeg = np.zeros(n, np.int64)
-    for v in range(n):
-        indeg[v] = pred_ptr[v + 1] - pred_ptr[v]
     k1 = np.empty(n)
     k2 = np.empty(n, np.int64)
     ids = np.empty(n, np.int64)
@@ -411,26 +421,148 @@ def _send_ahead(op, d, f, op_tensor_ptr, tensor_ptr, tensor_cons, group, fixed, 
 
 
 # ------------------------------------------------------- ETF (m-ETF, m-SCT)
+class ReadyQueues(NamedTuple):
+    """m-ETF's two heaps per device (row d of each array is device d's): ``ready`` (``r*``)
+    holds the ops whose inputs are on d by the time d is free, keyed by their data-ready
+    time with ``fifo`` (else 0), ties by ``tie``; ``pending`` (``p*``) the ops still
+    waiting for data, keyed by their data-ready time. Built by :func:`_queues`."""
+
+    rk: np.ndarray  # (D, n) keys
+    rt: np.ndarray  # (D, n) ties
+    rid: np.ndarray  # (D, n) ops
+    rsize: np.ndarray  # (D,) entries per device
+    pk: np.ndarray
+    pt: np.ndarray
+    pid: np.ndarray
+    psize: np.ndarray
+
+
 @njit(cache=True)
-def _etf_enqueue(op, d, tie, dr, avail, pk, pt, pid, psize, rk, rt, rid, rsize, fifo):
+def _queues(D, n):
+    """Empty :class:`ReadyQueues` for D devices and n ops."""
+    return ReadyQueues(rk=np.empty((D, n)), rt=np.empty((D, n), np.int64), rid=np.empty((D, n), np.int64),
+                       rsize=np.zeros(D, np.int64), pk=np.empty((D, n)), pt=np.empty((D, n), np.int64),
+                       pid=np.empty((D, n), np.int64), psize=np.zeros(D, np.int64))
+
+
+@njit(cache=True)
+def _push_ready(q, d, key, tie, op):
+    q.rsize[d] = heap_push(q.rk[d], q.rt[d], q.rid[d], q.rsize[d], key, tie, op)
+
+
+@njit(cache=True)
+def _pop_ready(q, d):
+    _, q.rsize[d] = _hpop(q.rk[d], q.rt[d], q.rid[d], q.rsize[d])
+
+
+@njit(cache=True)
+def _push_pending(q, d, key, tie, op):
+    q.psize[d] = heap_push(q.pk[d], q.pt[d], q.pid[d], q.psize[d], key, tie, op)
+
+
+@njit(cache=True)
+def _pop_pending(q, d):
+    _, q.psize[d] = _hpop(q.pk[d], q.pt[d], q.pid[d], q.psize[d])
+
+
+@njit(cache=True)
+def _etf_enqueue(op, d, tie, dr, avail, q, fifo):
     """Queue a ready op on device d: in d's ready queue (keyed by tie) if its data is
     there by the time d is free, else in d's pending queue (keyed by data-ready time)."""
     if dr[op, d] <= avail[d]:
-        rsize[d] = heap_push(rk[d], rt[d], rid[d], rsize[d], dr[op, d] if fifo else 0.0, tie[op], op)
+        _push_ready(q, d, dr[op, d] if fifo else 0.0, tie[op], op)
     else:
-        psize[d] = heap_push(pk[d], pt[d], pid[d], psize[d], dr[op, d], tie[op], op)
+        _push_pending(q, d, dr[op, d], tie[op], op)
 
 
 @njit(cache=True)
-def _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref, dr, avail, group, cand, inq,
-                   pk, pt, pid, psize, rk, rt, rid, rsize, fifo):
+def _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref, dr, avail, group, cand, inq, q, fifo):
     """Queue op on every candidate device; returns 1 if memory forced an over-capacity one."""
     fb = _candidates(op, group[op], T, gdev, gmem, used, cap, pref, cand)
     for d in range(T.shape[1]):
         if cand[d]:
             inq[op] += 1
-            _etf_enqueue(op, d, tie, dr, avail, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
+            _etf_enqueue(op, d, tie, dr, avail, q, fifo)
     return fb
+
+
+@njit(cache=True)
+def _etf_pick(q, avail):
+    """The (start, tie, device, op) of the earliest-starting queue head over all devices
+    (ties: lower tie, then lower device); device and op are -1 when every queue is empty.
+
+    m-ETF picks only once every device's heads are clean: a re-queue may push onto a
+    device already looked at, and the pair picked must still be its queue's head when it
+    is taken off (entries just queued are clean: their candidates were just read and
+    their data-ready time decided their heap)."""
+    # int64, not a literal -1: numba would compile spare copies of the helpers called with them
+    bs, bt, bd, bop = np.inf, np.int64(1) << 62, np.int64(-1), np.int64(-1)
+    for d in range(avail.shape[0]):
+        if q.rsize[d] > 0:
+            s, t, op = avail[d], q.rt[d, 0], q.rid[d, 0]
+        elif q.psize[d] > 0:
+            s, t, op = q.pk[d, 0], q.pt[d, 0], q.pid[d, 0]
+        else:
+            continue
+        if s < bs or (s == bs and t < bt):
+            bs, bt, bd, bop = s, t, d, op
+    return bs, bt, bd, bop
+
+
+@njit(cache=True)
+def _etf_drop(op, d, drop, tie, T, gdev, gmem, used, cap, pref, dr, avail, group, cand, inq, q, fifo, fb_of):
+    """Take op, which may no longer go to device d, off d's ready heap (``drop`` 0) or
+    pending heap (1); once no device's queue holds it, queue it again on its current
+    candidates."""
+    if drop == 0:
+        _pop_ready(q, d)
+    else:
+        _pop_pending(q, d)
+    inq[op] -= 1
+    if inq[op] == 0:
+        fb_of[op] = _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref[op], dr, avail,
+                                   group, cand, inq, q, fifo)
+
+
+@njit(cache=True)
+def _etf_transfers(op, d, bs, q, dr, tie, fifo, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
+                   place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail, queued):
+    """Book the transfers of the pair picked, op on device d at ``bs``, on the links as
+    they are now. If the links filled up meanwhile so that it would start later, op goes
+    back to d's queue at its new data-ready time, nothing booked. Returns (late, start,
+    receive time d spends first)."""
+    r, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
+                            place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail,
+                            False, False, queued == 1)
+    if max(r, avail[d]) > bs:  # its links filled up meanwhile: queue it at its new time
+        if q.rsize[d] > 0:
+            _pop_ready(q, d)
+        else:
+            _pop_pending(q, d)
+        dr[op, d] = r
+        _etf_enqueue(op, d, tie, dr, avail, q, fifo)
+        return True, bs, rc
+    r, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
+                            place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail,
+                            True, False, queued == 1)
+    # a send booked just now may hold the device
+    return False, max(bs, r, avail[d]), rc
+
+
+@njit(cache=True)
+def _etf_data_ready(w, dr, queued, pred_ptr, pred_src, pred_bytes, pred_ctrl, in_ptr, in_tensor, tensor_op,
+                    tensor_bytes, cpred_ptr, cpred_src, place, finish, lat, bw, xc, arrive, link_s, link_e, link,
+                    avail):
+    """Fill ``dr[w]``, the time op w's inputs are on each device, as w becomes ready: by
+    the simulator's transfers on the links as booked now (``queued``, nothing booked),
+    else by the papers' latency + bytes / bandwidth."""
+    for e in range(dr.shape[1]):
+        if queued:
+            dr[w, e], _ = _transfer_ready(w, e, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr,
+                                          cpred_src, place, finish, lat, bw, xc, arrive, link_s,
+                                          link_e, link, avail, False, False, queued == 1)
+        else:
+            dr[w, e] = _data_ready(w, e, pred_ptr, pred_src, pred_bytes, pred_ctrl, place, finish, lat, bw)
 
 
 @njit(cache=True)
@@ -442,12 +574,13 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
     (ties: lower ``tie``, the op's position in priority order); no insertion. An op whose
     favourite parent (``fav_parent`` >= 0) is placed prefers that parent's device.
 
-    Per device two heaps: ops whose inputs are there by the time the device is free (all
-    start when it frees: the best ``tie`` wins) and ops still waiting for data (keyed by
-    data-ready time). Devices' free times only grow, so ops only move from the second to
-    the first; entries of ops placed elsewhere, or no longer allowed on the device (its
-    memory filled, their group got fixed), are dropped when they surface, and an op with
-    no queue left is queued again on its current candidates. O(ops x devices x log ops).
+    Per device two heaps (:class:`ReadyQueues`): ops whose inputs are there by the time
+    the device is free (all start when it frees: the best ``tie`` wins) and ops still
+    waiting for data (keyed by data-ready time). Devices' free times only grow, so ops
+    only move from the second to the first; entries of ops placed elsewhere, or no
+    longer allowed on the device (its memory filled, their group got fixed), are dropped
+    when they surface, and an op with no queue left is queued again
+    on its current candidates. O(ops x devices x log ops).
 
     With ``queued`` (see :func:`_transfer_ready`) an op's data-ready time can only grow
     while it waits, as transfers planned meanwhile fill the links it needs: the chosen
@@ -469,22 +602,9 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
     place = np.full(n, -1, np.int64)
     start = np.zeros(n)
     finish = np.zeros(n)
-    used = np.zeros(D)
-    for g in range(len(gdev)):
-        if gdev[g] >= 0:
-            used[gdev[g]] += gmem[g]
+    used, indeg = _used_indeg(gdev, gmem, pred_ptr, n, D)
     avail = np.zeros(D)
-    indeg = np.zeros(n, np.int64)
-    for v in range(n):
-        indeg[v] = pred_ptr[v + 1] - pred_ptr[v]
-    pk = np.empty((D, n))
-    pt = np.empty((D, n), np.int64)
-    pid = np.empty((D, n), np.int64)
-    psize = np.zeros(D, np.int64)
-    rk = np.empty((D, n))
-    rt = np.empty((D, n), np.int64)
-    rid = np.empty((D, n), np.int64)
-    rsize = np.zeros(D, np.int64)
+    q = _queues(D, n)
     inq = np.zeros(n, np.int64)  # how many device queues hold the op
     pref = np.full(n, -1, np.int64)
     dr = np.zeros((n, D))  # data-ready time per device, fixed once an op is ready
@@ -494,7 +614,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
     for v in range(n):
         if indeg[v] == 0:
             fb_of[v] = _etf_queue_all(v, tie, T, gdev, gmem, used, cap, pref[v], dr, avail, group, cand, inq,
-                                      pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
+                                      q, fifo)
     fallbacks = 0
     placed = 0
     steps = 0
@@ -502,77 +622,44 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
         steps += 1
         if _out_of_time(steps, deadline):
             break
-        # int64, not a literal -1: numba would compile spare copies of the helpers called with them
-        bs, bt, bd, bop = np.inf, np.int64(1) << 62, np.int64(-1), np.int64(-1)
         for d in range(D):
-            # drop stale heads, move ops whose data has arrived to the ready heap, and
-            # take off d an op that may no longer go there (re-queued where it may)
             while True:
                 drop = -1  # 0: the ready heap's head, 1: the pending heap's
-                if rsize[d] > 0:
-                    op = rid[d, 0]
+                if q.rsize[d] > 0:
+                    op = q.rid[d, 0]
                     if place[op] >= 0:
-                        _, rsize[d] = _hpop(rk[d], rt[d], rid[d], rsize[d])
+                        _pop_ready(q, d)
                         continue
                     if not _may_go(op, d, group[op], T, gdev, gmem, used, cap, pref[op], cand):
                         drop = 0
-                if drop < 0 and psize[d] > 0:
-                    op = pid[d, 0]
+                if drop < 0 and q.psize[d] > 0:
+                    op = q.pid[d, 0]
                     if place[op] >= 0:
-                        _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
+                        _pop_pending(q, d)
                         continue
-                    if pk[d, 0] <= avail[d]:
-                        _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
-                        rsize[d] = heap_push(rk[d], rt[d], rid[d], rsize[d], dr[op, d] if fifo else 0.0, tie[op], op)
+                    if q.pk[d, 0] <= avail[d]:
+                        _pop_pending(q, d)
+                        _push_ready(q, d, dr[op, d] if fifo else 0.0, tie[op], op)
                         continue
                     if not _may_go(op, d, group[op], T, gdev, gmem, used, cap, pref[op], cand):
                         drop = 1
                 if drop < 0:
                     break
-                if drop == 0:
-                    _, rsize[d] = _hpop(rk[d], rt[d], rid[d], rsize[d])
-                else:
-                    _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
-                inq[op] -= 1
-                if inq[op] == 0:
-                    fb_of[op] = _etf_queue_all(op, tie, T, gdev, gmem, used, cap, pref[op], dr, avail,
-                                               group, cand, inq, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
-        # pick only once every device's heads are clean: a re-queue above may push onto a
-        # device already looked at, and the pair picked must still be its queue's head
-        # when it is taken off below (entries just queued are clean: their candidates
-        # were just read and their data-ready time decided their heap)
-        for d in range(D):
-            if rsize[d] > 0:
-                s, t, op = avail[d], rt[d, 0], rid[d, 0]
-            elif psize[d] > 0:
-                s, t, op = pk[d, 0], pt[d, 0], pid[d, 0]
-            else:
-                continue
-            if s < bs or (s == bs and t < bt):
-                bs, bt, bd, bop = s, t, d, op
+                _etf_drop(op, d, drop, tie, T, gdev, gmem, used, cap, pref, dr, avail, group, cand, inq, q, fifo,
+                          fb_of)
+        bs, bt, bd, bop = _etf_pick(q, avail)  # once every device's heads are clean
         if bop < 0:  # all queues empty would mean a lost op: stop
-            if rsize.sum() + psize.sum() == 0:
+            if q.rsize.sum() + q.psize.sum() == 0:
                 break
             continue
         op, d = bop, bd
         rc = 0.0
         if queued:
-            r, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
-                                    place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail,
-                                    False, False, queued == 1)
-            if max(r, avail[d]) > bs:  # its links filled up meanwhile: queue it at its new time
-                if rsize[d] > 0:
-                    _, rsize[d] = _hpop(rk[d], rt[d], rid[d], rsize[d])
-                else:
-                    _, psize[d] = _hpop(pk[d], pt[d], pid[d], psize[d])
-                dr[op, d] = r
-                _etf_enqueue(op, d, tie, dr, avail, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
+            late, bs, rc = _etf_transfers(op, d, bs, q, dr, tie, fifo, in_ptr, in_tensor, tensor_op, tensor_bytes,
+                                          cpred_ptr, cpred_src, place, finish, lat, bw, xc, arrive, link_s, link_e,
+                                          link, avail, queued)
+            if late:
                 continue
-            r, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
-                                    place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail,
-                                    True, False, queued == 1)
-            # a send booked just now may hold the device
-            bs = max(bs, r, avail[d])
         placed += 1
         fallbacks += fb_of[op]
         g = group[op]
@@ -590,16 +677,11 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
             w = succ_dst[k]
             indeg[w] -= 1
             if indeg[w] == 0:
-                for e in range(D):
-                    if queued:
-                        dr[w, e], _ = _transfer_ready(w, e, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr,
-                                                      cpred_src, place, finish, lat, bw, xc, arrive, link_s,
-                                                      link_e, link, avail, False, False, queued == 1)
-                    else:
-                        dr[w, e] = _data_ready(w, e, pred_ptr, pred_src, pred_bytes, pred_ctrl,
-                                               place, finish, lat, bw)
+                _etf_data_ready(w, dr, queued, pred_ptr, pred_src, pred_bytes, pred_ctrl, in_ptr, in_tensor,
+                                tensor_op, tensor_bytes, cpred_ptr, cpred_src, place, finish, lat, bw, xc, arrive,
+                                link_s, link_e, link, avail)
                 if fav_parent[w] >= 0:
                     pref[w] = place[fav_parent[w]]
                 fb_of[w] = _etf_queue_all(w, tie, T, gdev, gmem, used, cap, pref[w], dr, avail, group, cand,
-                                          inq, pk, pt, pid, psize, rk, rt, rid, rsize, fifo)
+                                          inq, q, fifo)
     return place, start, finish, fallbacks
