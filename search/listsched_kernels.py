@@ -449,6 +449,10 @@ def _queues(D, n):
                        pid=np.empty((D, n), np.int64), psize=np.zeros(D, np.int64))
 
 
+# One push and one pop for each of a device's two heaps: the pairs look alike because the
+# heaps are alike; what differs is which arrays, and naming the heap at the call site is
+# the point (the loop that cleans the queue heads calls heap_push/_hpop directly: through
+# these helpers it ran about 8% slower on gnmt8/k40x8)
 @njit(cache=True)
 def _push_ready(q, d, key, tie, op):
     q.rsize[d] = heap_push(q.rk[d], q.rt[d], q.rid[d], q.rsize[d], key, tie, op)
