@@ -195,8 +195,7 @@ def refine(g, cl, cm, profile_path, problem, result, k, rounds, rerun, testbed_n
             break
         cur_cm = CostModel(g, cur_cl, profile=prof)
         cur_problem = S.Problem(cur_cm)
-        start = np.asarray(best[1])[[ops[0] for ops in g.group_ops]].astype(np.int32)  # its group assignment
-        cur_result = rerun(cur_problem, start, r + 1)
+        cur_result = rerun(cur_problem, g.to_assignment(best[1]), r + 1)
     out = {**summary, "refine": {"rounds": table, "stopped": stopped, "best_measured_label": best[2],
                                  "best_measured_us": best[0]}}
     out.pop("placements_g", None)

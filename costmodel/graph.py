@@ -364,6 +364,11 @@ class OpGraph:
         return [order[bounds[k]:bounds[k + 1]] for k in range(self.n_groups)]
 
     @cached_property
+    def group_first(self) -> np.ndarray:
+        """int64 [groups]: the first op of each group (what stands for the group)."""
+        return np.array([ops[0] for ops in self.group_ops], np.int64)
+
+    @cached_property
     def in_bytes(self) -> np.ndarray:
         """Bytes each op reads: the sum of its distinct input tensors."""
         data = self.edge_tensor >= 0
@@ -397,6 +402,14 @@ class OpGraph:
         if a.shape != (self.n_groups,):
             raise ValueError(f"group assignment has shape {a.shape}, expected ({self.n_groups},)")
         return np.ascontiguousarray(a[self.group], dtype=np.int32)
+
+    def to_assignment(self, placement) -> np.ndarray:
+        """Per-group device assignment of a per-op placement (each group's first op's
+        device; the inverse of :meth:`to_placement` for a placement that splits no group)."""
+        p = np.asarray(placement)
+        if p.shape != (self.n_ops,):
+            raise ValueError(f"placement has shape {p.shape}, expected ({self.n_ops},)")
+        return np.ascontiguousarray(p[self.group_first], dtype=np.int32)
 
     def summary(self) -> dict:
         return {

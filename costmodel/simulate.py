@@ -135,8 +135,7 @@ class CostModel:
         self._local = threading.local()  # one engine workspace per thread
         # group -> device-kind mask, and which devices each group may use
         self.group_device_ok = (graph.group_allowed[:, None] & cluster.kind_mask[None, :]) != 0
-        group_first = np.array([ops[0] for ops in graph.group_ops], np.int64)
-        self._op_group_first = np.ascontiguousarray(group_first[graph.group], np.intp)
+        self._op_group_first = np.ascontiguousarray(graph.group_first[graph.group], np.intp)
 
     @property
     def n_devices(self) -> int:

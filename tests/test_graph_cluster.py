@@ -225,3 +225,15 @@ def test_graph_with_control_edges_only_has_zero_edge_bytes():
     g.add_edge("a", "b", control=True)
     og = OpGraph.from_networkx(g, "ctrl")
     assert og.n_tensors == 0 and og.edge_bytes.tolist() == [0]
+
+
+def test_to_assignment_inverts_to_placement():
+    from placetool.costmodel import presets
+
+    g = presets.load_graph("synthetic-1k")
+    a = np.random.default_rng(0).integers(0, 4, g.n_groups).astype(np.int32)
+    p = g.to_placement(a)
+    assert np.array_equal(g.to_assignment(p), a)
+    assert all(g.group[g.group_first[k]] == k for k in range(g.n_groups))
+    with pytest.raises(ValueError, match="expected"):
+        g.to_assignment(p[:-1])

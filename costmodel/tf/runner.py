@@ -99,7 +99,7 @@ def check_placement(graph, placement, spec: ClusterSpec) -> np.ndarray:
     if bad.size:
         raise RunError(f"op {graph.names[bad[0]]!r}: device index {int(p[bad[0]])} is not one of the "
                        f"{D} devices being measured (0..{D - 1})")
-    first = np.array([ops[0] for ops in graph.group_ops], np.int64)
+    first = graph.group_first
     split = np.flatnonzero(p != p[first[graph.group]])
     if split.size:
         op = int(split[0])
