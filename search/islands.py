@@ -61,11 +61,6 @@ def _island(problem, start, seed: int, evals: int | None, seconds: float | None,
             "feasible": bool(r.feasible), "evaluations": int(r.evaluations), "seconds": float(r.seconds)}
 
 
-def _better(a: dict, b: dict | None) -> bool:
-    """``a`` beats ``b``: feasible first, then faster."""
-    return b is None or (a["feasible"], -a["step_time_us"]) > (b["feasible"], -b["step_time_us"])
-
-
 @register("islands", summary="Annealing islands on a Dask cluster that share their best placements "
                              "(--dask or --scheduler ADDR)")
 def islands(problem, budget, seed, tracker, scheduler: str | None = None, workers: Count | None = None,
@@ -101,7 +96,7 @@ def _search(problem, budget, seed, tracker, client, epochs, grace, sa_options, l
         epochs = max(1, round(budget.seconds / EPOCH_SECONDS)) if budget.seconds else 4
     epochs = int(epochs)
     data = client.scatter(problem, broadcast=True, hash=False)
-    rows, best, evaluations, dropped = [], None, 0, 0
+    rows, evaluations, dropped = [], 0, 0
     # what an epoch costs beyond its islands' own seconds (submitting, shipping, a
     # worker's first unpickling), measured as the epochs go, so the budget holds
     overhead = 1.0
@@ -121,7 +116,7 @@ def _search(problem, budget, seed, tracker, client, epochs, grace, sa_options, l
                 break
         if budget.evals is not None:
             evals = max(1, tracker.remaining_evals() // ((epochs - e) * n))
-        start = None if best is None else best["assignment"]
+        start = tracker.best_assignment  # the best of all islands so far (the tracker keeps it)
         t0 = time.perf_counter()
         futs = [client.submit(_island, data, start, seed * 1_000_003 + e * 1009 + i, evals, seconds,
                               threads[a], sa_options, workers=[a], allow_other_workers=True, pure=False)
@@ -147,15 +142,15 @@ def _search(problem, budget, seed, tracker, client, epochs, grace, sa_options, l
             longest = max(longest, r["seconds"])
             row["islands_reported"] += 1
             evaluations += r["evaluations"]
+            before = (tracker.best_feasible, tracker.best_step_us)
             _record(tracker, r)
-            if _better(r, best):
-                best = r
+            if (tracker.best_feasible, tracker.best_step_us) != before:
                 row["best_island"] = i
         if row["islands_reported"] == n:
             overhead = max(overhead, time.perf_counter() - t0 - longest)
-        row["best_step_us"] = None if best is None else best["step_time_us"]
+        row["best_step_us"] = None if tracker.best_assignment is None else tracker.best_step_us
         rows.append(row)
-    if best is None:
+    if tracker.best_assignment is None:
         raise SearchError("islands: no island reported within the budget")
     return {"workers": max(r["workers"] for r in rows), "epochs": rows, "islands_dropped": dropped,
             "island_evaluations": evaluations, "cluster": "local" if local else "external"}
