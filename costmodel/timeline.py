@@ -475,6 +475,10 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
     cl = traced_cluster(rec, [st]) if cluster is None else cluster
     if cl.n_devices != rec.n_devices:
         raise TimelineError(f"cluster {cl.name!r} has {cl.n_devices} devices; the timeline has {rec.n_devices}")
+    if links != "traced":  # the rule under test is the simulator's link queue
+        from dataclasses import replace
+
+        cl = replace(cl, link_queue="none" if links == "concurrent" else "fifo")
     dur = np.where(st.traced, st.op_us + ready_us, 0.0)
     T = np.repeat(dur[:, None], cl.n_devices, axis=1)
     cm = CostModel(g, cl, op_times=T)
@@ -483,10 +487,6 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
     if reason:
         raise TimelineError(f"cannot replay: {reason}")
     if links != "traced":
-        if cl.link_queue != {"fifo": "fifo", "concurrent": "none"}[links]:
-            from dataclasses import replace
-
-            cm = CostModel(g, replace(cl, link_queue="none" if links == "concurrent" else "fifo"), op_times=T)
         ms = float(cm.simulate(p).step_time_us)
     else:
         wire = {}
