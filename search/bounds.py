@@ -22,8 +22,20 @@
   per window), so a slow host adds little. The largest infeasible C found by bisection
   over a grid of windows is a bound.
 
-Every term ignores communication (a placement may avoid it) and memory, so each is a
-valid bound for the simulator's step time of every placement.
+- ``communication``: heads and tails per (op, device) that charge every transfer a
+  placement cannot avoid (:mod:`placetool.search.comm_bound`): a consumer on another
+  device than its producer waits at least the producer's send cost, the link's latency +
+  bytes / bandwidth and its own receive cost, stages the simulator runs one after the
+  other; a predecessor on the consumer's device instead queues there with the consumer's
+  other local predecessors (and successors likewise after an op); ops of one group share
+  a device. By induction over the topological order every op of every placement starts
+  no earlier than its head on its device and is followed by at least its tail, so the
+  largest over ops (and over groups, as one machine) of the least over devices of head +
+  time + tail is a bound.
+
+The first four ignore communication (a placement may avoid it) and memory; the last
+charges only what every placement pays; so each is a valid bound for the simulator's
+step time of every placement.
 """
 
 from __future__ import annotations
@@ -32,6 +44,8 @@ import numpy as np
 from numba import njit
 
 from placetool.costmodel import engine
+
+from .comm_bound import communication_bound
 
 
 @njit(cache=True)
@@ -211,6 +225,7 @@ def lower_bound(problem, energy: bool = True) -> dict:
     out["load"] = load_bound(problem) if problem.n_groups else 0.0
     gt = np.where(problem.allowed, problem.group_time, np.inf).min(axis=1)
     out["group"] = float(gt.max()) if len(gt) else 0.0
+    out["communication"] = communication_bound(problem)
     best = max(out.values())
     if energy:
         out["energy"] = energy_bound(cm, best)
