@@ -225,10 +225,13 @@ def lower_bound(problem, energy: bool = True) -> dict:
     out["load"] = load_bound(problem) if problem.n_groups else 0.0
     gt = np.where(problem.allowed, problem.group_time, np.inf).min(axis=1)
     out["group"] = float(gt.max()) if len(gt) else 0.0
-    out["communication"] = communication_bound(problem)
     best = max(out.values())
     if energy:
         out["energy"] = energy_bound(cm, best)
         best = max(best, out["energy"])
+    # after the energy term, whose bisection starts from the best so far: its value stays
+    # what it was without this term, rather than move with where the bisection starts
+    out["communication"] = communication_bound(problem)
+    best = max(best, out["communication"])
     out["best"] = best
     return out
