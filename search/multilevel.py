@@ -1,0 +1,275 @@
+"""``multilevel``: annealing on coarsened versions of the problem, then on the problem itself.
+
+On graphs of tens of thousands of ops one simulation takes milliseconds and a move of
+one group changes little, so ``sa`` gets a few hundred evaluations in ten seconds and
+barely leaves its start. This method coarsens the group graph as METIS does
+(:mod:`placetool.search.coarsen`: heavy-edge matching into clusters, each level a
+smaller problem for the simulator whose assignment gives every group its cluster's
+device) and anneals on the clusters, so that one move carries many groups:
+
+1. the seeding methods (``seeds``, default ``heft``, the best one-shot method on large
+   graphs) run on the fine problem within ``seed_share`` of the budget;
+2. where none gave a feasible placement, a coarse pass (:func:`_descend`) anneals on
+   each level of clusters (``clusters``, finest first; the finer levels' clusters are
+   short in time, so a cluster's ops run close together), coarsest first, each level
+   from the best of the level above, seeded on the coarsest by ``coarse_seeds`` run on
+   the coarse graph, in a fraction of their time on the fine one;
+3. ``cycles`` V-cycles refine the best: clusters that keep it exactly (groups merge only
+   with neighbours on the same device), sa on them from it, the best projected back;
+4. sa on the fine groups from the best for the rest of the budget (at least
+   ``refine_share`` of it).
+
+The budget is the fine problem's: its tracker counts fine evaluations (the seeds', one
+for each coarse stage's best projected and one for each V-cycle's start, and the
+refinement's); the coarse stages get shares of the seconds and, under an evaluation
+budget, as many coarse evaluations as the same share of fine evaluations would
+simulate ops. A best over memory is fitted into it
+(:func:`~placetool.search.memory.fit_memory`) before the fine refinement, and where
+nothing feasible was found the ``fallback`` one-shot method is scored, so the result
+fits whenever that one's does.
+
+``metadata["levels"]`` has one row per coarse stage: clusters, coarse ops, coarse
+evaluations, the coarse step time and the fine step time of its best projected;
+``best_from`` names the stage that found the result.
+
+>>> from placetool.costmodel import CostModel, presets
+>>> from placetool.search import Problem, Budget, run
+>>> cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x4"))
+>>> r = run("multilevel", Problem(cm), Budget(evals=60), seed=0)
+>>> r.feasible, r.evaluations <= 60, [row["stage"] for row in r.metadata["levels"]][:1]
+(True, True, ['v-cycle 1'])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .annealing import anneal
+from .coarsen import coarse_problem, cluster_levels
+from .errors import SearchError
+from .memory import fit_memory
+from .registry import Count, Positive, Seeds, Share, register
+from .tracker import Budget, BudgetExhausted, Tracker
+
+#: the default cluster counts of the levels, finest first, as fractions of the groups
+#: (and at least / at most these many clusters)
+LEVEL_FRACTIONS = (0.06, 0.012)
+LEVEL_MIN, LEVEL_MAX = (60, 12), (6000, 1200)
+#: a level's clusters span at most this share of the zero-communication critical path
+#: (finest level first; None: any span)
+SPAN_SHARES = (1 / 200, None)
+
+
+def _parse_counts(clusters, n_groups) -> list[int]:
+    """Cluster counts of the levels, finest first: ``"3000,600"`` or a list; default
+    from :data:`LEVEL_FRACTIONS`."""
+    if clusters is None:
+        out = [int(min(hi, max(lo, f * n_groups))) for f, lo, hi in zip(LEVEL_FRACTIONS, LEVEL_MIN, LEVEL_MAX)]
+    else:
+        parts = clusters.split(",") if isinstance(clusters, str) else list(clusters)
+        try:
+            out = [int(x) for x in parts if str(x).strip()]
+        except ValueError:
+            raise SearchError(f"multilevel: clusters must be counts like 3000,600, got {clusters!r}") from None
+        if not out or any(x < 1 for x in out):
+            raise SearchError(f"multilevel: clusters must be counts >= 1, got {clusters!r}")
+    out = sorted({min(x, n_groups) for x in out}, reverse=True)
+    return [x for x in out if x < n_groups] or [max(1, n_groups // 2)]
+
+
+class _Stages:
+    """What each stage found, for the metadata: the stage the tracker's best came from."""
+
+    def __init__(self, tracker):
+        self.tracker = tracker
+        self.best_from = None
+        self._last = (False, np.inf)
+
+    def note(self, stage: str) -> None:
+        t = self.tracker
+        now = (t.best_feasible, t.best_step_us)
+        if t.best_assignment is not None and now != self._last:
+            self.best_from = stage
+            self._last = now
+
+
+def _coarse_budget(budget, tracker, share: float, fine_ops: int, coarse_ops: int):
+    """A coarse level's budget: ``share`` of the seconds (the tracker's clock runs on),
+    and under an evaluation budget that share of the fine evaluations scaled by how many
+    times fewer ops the level simulates."""
+    seconds = evals = None
+    if budget.seconds is not None:
+        seconds = max(1e-3, share * budget.seconds)
+        seconds = min(seconds, max(1e-3, budget.seconds - tracker.seconds))
+    if budget.evals is not None:
+        evals = max(1, int(share * budget.evals * fine_ops / max(coarse_ops, 1)))
+    return Budget(evals=evals, seconds=seconds)
+
+
+def _anneal_coarse(coarse, budget, seed, start, seeds, sa_options):
+    """sa on a coarse problem: (best coarse assignment or None, its step time, feasible,
+    evaluations)."""
+    tr = Tracker(coarse.problem, budget)
+    opts = dict(sa_options)
+    if start is not None:
+        opts["start"] = start
+    else:
+        opts["seeds"] = seeds
+    try:
+        anneal(coarse.problem, budget, seed, tr, **opts)
+    except BudgetExhausted:
+        pass
+    return tr.best_assignment, tr.best_step_us, tr.best_feasible, tr.evaluations
+
+
+def _score_fine(tracker, a):
+    """One fine evaluation of ``a``: (step, feasible), or None when the budget is spent."""
+    try:
+        r = tracker.evaluate(a)
+    except BudgetExhausted:
+        return None
+    return float(r.step_time_us[0]), bool(r.feasible[0]), r.peak_memory_bytes[0]
+
+
+def _calibrate(coarse, fine_peak, coarse_peak) -> None:
+    """Scale the coarse problem's capacities by how far its memory account overstates
+    the fine one on the same placement (a coarse op holds all it sends until its last
+    consumer ends), per device, by 1 to 2 times."""
+    cm = coarse.problem.cost_model
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(fine_peak > 0, coarse_peak / np.maximum(fine_peak, 1), 1.0)
+    cm.capacity = (cm.capacity * np.clip(ratio, 1.0, 2.0)).astype(np.int64)
+
+
+def _descend(problem, budget, seed, tracker, counts, share, runs_per_cluster, seeds, sa_options, stages, rows):
+    """The coarse pass: anneal on each level of :func:`cluster_levels`, coarsest first,
+    each from the best of the level above; every level's best is scored on the fine
+    problem. Returns the last level's best as a fine assignment (None if none)."""
+    cp = problem.cost_model.lower_bound_us()
+    spans = [None if s is None else s * cp for s in SPAN_SHARES]
+    spans = (spans + [None] * len(counts))[: len(counts)]
+    part = cluster_levels(problem, counts, spans, seed=seed)
+    levels = [coarse_problem(problem, c, runs_per_cluster=runs_per_cluster) for c in part]
+    cur = None
+    for k, lv in enumerate(reversed(levels)):  # coarsest first
+        if tracker.done():
+            break
+        start = None if cur is None else lv.restrict(cur, problem)
+        b = _coarse_budget(budget, tracker, share / len(levels), problem.graph.n_ops, lv.problem.graph.n_ops)
+        a, step, ok, n = _anneal_coarse(lv, b, seed + k, start, seeds, sa_options)
+        row = {"stage": f"level {len(levels) - k}", "clusters": lv.n_clusters,
+               "coarse_ops": lv.problem.graph.n_ops, "evaluations": n,
+               "coarse_step_us": None if a is None else step, "coarse_feasible": ok, "fine_step_us": None}
+        rows.append(row)
+        if a is None:
+            continue
+        cur = lv.project(a)
+        got = _score_fine(tracker, cur)
+        if got is not None:
+            row["fine_step_us"], row["fine_feasible"] = got[:2]
+        stages.note(row["stage"])
+    return cur
+
+
+def _vcycle(problem, budget, seed, tracker, k, target, share, runs_per_cluster, sa_options, stages, rows):
+    """One V-cycle from the tracker's best: clusters that keep it exactly (groups merge
+    only with groups on their device), sa on them from it, the best projected back and
+    scored. False when it could not run (no budget, nothing to start from)."""
+    best = tracker.best_assignment
+    if best is None or tracker.done():
+        return False
+    part = cluster_levels(problem, [target], seed=seed + 7919 * (k + 1), assignment=best)[0]
+    lv = coarse_problem(problem, part, runs_per_cluster=runs_per_cluster)
+    start = lv.restrict(best, problem)
+    b = _coarse_budget(budget, tracker, share, problem.graph.n_ops, lv.problem.graph.n_ops)
+    got = _score_fine(tracker, best)  # its peaks, counted as the evaluation they are
+    if got is None:
+        return False
+    _calibrate(lv, got[2], lv.problem.cost_model.simulate_batch(start[None]).peak_memory_bytes[0])
+    a, step, ok, n = _anneal_coarse(lv, b, seed + 101 * (k + 1), start, None, sa_options)
+    row = {"stage": f"v-cycle {k + 1}", "clusters": lv.n_clusters, "coarse_ops": lv.problem.graph.n_ops,
+           "evaluations": n, "coarse_step_us": None if a is None else step, "coarse_feasible": ok,
+           "fine_step_us": None}
+    rows.append(row)
+    if a is not None and np.any(a != start):
+        got = _score_fine(tracker, lv.project(a))
+        if got is not None:
+            row["fine_step_us"], row["fine_feasible"] = got[:2]
+    stages.note(row["stage"])
+    return True
+
+
+@register("multilevel", budget=Budget(seconds=10.0),
+          summary="Multilevel annealing: sa on the group graph coarsened by heavy-edge matching (as METIS), "
+                  "in V-cycles from the seeding methods' best, then on the groups")
+def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_share: Share = 0.6,
+               cycles: Count = 2, cycle_clusters: Count | None = None, refine_share: Share = 0.15,
+               clusters=None, runs_per_cluster: Positive = 4.0, coarse_seeds: Seeds | None = "heft,m-etf,metis",
+               fallback: str | None = "m-topo", batch: Count | None = None):
+    """Multilevel annealing (see the module docstring); returns metadata.
+
+    ``seeds`` run on the fine problem within ``seed_share`` of the budget (``none``: skip
+    them and start from the coarse pass); ``cycles`` V-cycles of ``cycle_clusters``
+    clusters (default a tenth of the groups) share what is left but ``refine_share``,
+    which the fine sa takes; ``clusters`` gives the coarse pass's levels, finest first
+    (``--option clusters=3000,600``), ``coarse_seeds`` its seeding methods;
+    ``runs_per_cluster``: how finely a coarse graph keeps the order of a cluster's ops
+    (more: closer to the fine step time, slower to simulate); ``fallback``: the fine
+    one-shot method scored when nothing feasible was found."""
+    from .seeding import seed_assignments
+
+    from .registry import seed_names
+
+    skip_seeds = seeds is None or (isinstance(seeds, str) and seeds.strip().lower() == "none")
+    if not skip_seeds:
+        seed_names(seeds)  # an unknown name is an error before anything runs
+    sa_options = {} if batch is None else {"batch": batch}
+    stages = _Stages(tracker)
+    rows: list[dict] = []
+    meta = {"levels": rows}
+    if not skip_seeds:
+        found, _ = seed_assignments(problem, budget, seed, tracker, names=seeds, share=seed_share)
+        meta["seeds"] = list(dict.fromkeys(n for _, n, _ in found))
+        stages.note("seeds: " + (found[0][1] if found else "none"))
+    if not tracker.best_feasible and not tracker.done():
+        counts = _parse_counts(clusters, problem.n_groups)
+        _descend(problem, budget, seed, tracker, counts, seed_share if skip_seeds else 0.3,
+                 runs_per_cluster, coarse_seeds, sa_options, stages, rows)
+    target = cycle_clusters or max(2, problem.n_groups // 10)
+    left = max(0.0, 1.0 - tracker.seconds / budget.seconds) if budget.seconds else 1.0 - seed_share
+    each = max(0.0, left - refine_share) / max(int(cycles), 1)
+    for k in range(int(cycles)):
+        if each <= 0 or not _vcycle(problem, budget, seed, tracker, k, target, each, runs_per_cluster,
+                                    sa_options, stages, rows):
+            break
+    meta.update(_finish(problem, budget, seed, tracker, fallback, stages, sa_options))
+    meta["best_from"] = stages.best_from
+    return meta
+
+
+def _finish(problem, budget, seed, tracker, fallback, stages, sa_options) -> dict:
+    """Fit the best into memory if it is over, anneal on the fine groups for the rest
+    of the budget, and score the ``fallback`` method if nothing feasible was found."""
+    meta = {}
+    if tracker.best_assignment is not None and not tracker.best_feasible and not tracker.done():
+        _, r = fit_memory(problem, tracker.best_assignment, tracker)
+        meta["memory_fit"] = bool(r is not None and r.feasible[0])
+        stages.note("memory fit")
+    if tracker.best_assignment is not None and not tracker.done():
+        try:
+            m = anneal(problem, budget, seed, tracker, start=tracker.best_assignment, **sa_options)
+            meta["refine"] = {k: m.get(k) for k in ("proposals", "accepted", "restarts", "mode")}
+        except BudgetExhausted:
+            pass
+        stages.note("fine sa")
+    if not tracker.best_feasible and fallback:
+        # nothing feasible: a fine one-shot method's placement, scored even past a
+        # seconds budget as one-shot methods are, so the result fits whenever it does
+        from .registry import get
+
+        try:
+            get(fallback)(problem, budget, seed, tracker)
+        except BudgetExhausted:
+            pass
+        stages.note(f"fallback {fallback}")
+    return meta

@@ -1,0 +1,146 @@
+"""The multilevel search: coarsening the group graph, the coarse problem, projection and the method."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from placetool.costmodel import CostModel, OpGraph, presets
+from placetool.search import Budget, Problem, registry, run
+from placetool.search.coarsen import cluster_levels, coarse_graph, coarse_problem
+from tests.helpers import cluster, nxgraph
+
+
+@pytest.fixture(scope="module")
+def p1k():
+    return Problem(CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x4")))
+
+
+def chain():
+    """a -> b -> c -> d, each its own group: 100 bytes a->b and c->d, 1 byte b->c; ops of
+    10, 20, 30 and 40 µs, d with 8 parameter bytes."""
+    g = nxgraph({"a": 100, "b": 1, "c": 100, "d": {"out_bytes": 5, "param_bytes": 8}},
+                [("a", "b"), ("b", "c"), ("c", "d")], name="chain")
+    og = OpGraph.from_networkx(g)
+    T = np.array([[10.0, 10.0], [20.0, 20.0], [30.0, 30.0], [40.0, 40.0]])
+    return Problem(CostModel(og, cluster(2, latency=1.0, bandwidth=10.0, kinds=["gpu", "gpu"]), op_times=T))
+
+
+def test_the_chain_coarsens_along_its_heavy_edges():
+    """One matching round pairs a with b and c with d (100 bytes each), never b with c
+    (1 byte), whatever order the vertices are visited in."""
+    p = chain()
+    for seed in range(5):
+        (cl,) = cluster_levels(p, [2], seed=seed)
+        assert cl.tolist() == [0, 0, 1, 1]
+    cg, T, run_of = coarse_graph(p, cl, run_us=1e9)
+    # two coarse ops: {a, b} (10 + 20 µs) sends b's 1 byte to {c, d} (30 + 40 µs)
+    assert cg.n_ops == 2 and run_of.tolist() == [0, 0, 1, 1]
+    assert T.tolist() == [[30.0, 30.0], [70.0, 70.0]]
+    assert cg.tensor_bytes.tolist() == [1] and cg.edge_src.tolist() == [0] and cg.edge_dst.tolist() == [1]
+    assert cg.param_bytes.tolist() == [0, 8]
+    # what a coarse op holds: what it sends out (1 byte), not what stays inside (100)
+    assert cg.out_bytes.tolist() == [1, 0]
+    c = coarse_problem(p, cl, run_us=1e9)
+    # on one device the chain is its work; apart, one transfer of 1 byte (1 + 0.1 µs)
+    same, apart = c.project([1, 1]), c.project([0, 1])
+    assert same.tolist() == [1, 1, 1, 1] and apart.tolist() == [0, 0, 1, 1]
+    fine = p.cost_model.simulate_batch(np.stack([same, apart])).step_time_us
+    coarse = c.problem.cost_model.simulate_batch(np.array([[1, 1], [0, 1]])).step_time_us
+    assert fine.tolist() == pytest.approx([100.0, 101.1]) and coarse.tolist() == pytest.approx([100.0, 101.1])
+
+
+def test_levels_nest_and_shrink(p1k):
+    levels = cluster_levels(p1k, [300, 60], seed=1)
+    fine, coarse = levels
+    assert fine.shape == coarse.shape == (p1k.n_groups,)
+    assert 60 <= fine.max() + 1 <= 300 < p1k.n_groups and coarse.max() + 1 <= fine.max() + 1
+    # a cluster of the coarser level is a union of clusters of the finer one
+    parent = np.full(fine.max() + 1, -1)
+    parent[fine] = coarse
+    assert np.array_equal(parent[fine], coarse)
+
+
+def test_the_coarse_graph_conserves_work_parameters_and_what_crosses(p1k):
+    (cl,) = cluster_levels(p1k, [150], seed=0)
+    c = coarse_problem(p1k, cl)
+    g, cg = p1k.graph, c.problem.graph
+    assert cg.n_ops < g.n_ops and c.n_clusters == cl.max() + 1
+    T, Tc = p1k.cost_model.T, c.problem.cost_model.T
+    assert np.allclose(np.where(np.isfinite(Tc), Tc, 0).sum(axis=0), np.where(np.isfinite(T), T, 0).sum(axis=0))
+    assert cg.param_bytes.sum() == g.param_bytes.sum()
+    # every fine tensor consumed outside its run is in exactly one coarse tensor
+    data = g.edge_tensor >= 0
+    t = g.edge_tensor[data]
+    crossing = np.unique(t[c.of_op[g.tensor_op[t]] != c.of_op[g.edge_dst[data]]])
+    assert cg.tensor_bytes.sum() == g.tensor_bytes[crossing].sum() == cg.out_bytes.sum()
+    # runs keep every dependency: a fine edge between runs is a coarse edge
+    pairs = {(int(a), int(b)) for a, b in zip(cg.edge_src, cg.edge_dst)}
+    s, d = c.of_op[g.edge_src], c.of_op[g.edge_dst]
+    assert all((int(a), int(b)) in pairs for a, b in zip(s, d) if a != b)
+    assert np.all(cg.edge_src < cg.edge_dst)  # runs are numbered in a topological order
+
+
+def test_projection_maps_every_group_and_restriction_inverts_it(p1k):
+    (cl,) = cluster_levels(p1k, [100], seed=0)
+    c = coarse_problem(p1k, cl)
+    rng = np.random.default_rng(0)
+    a = c.problem.random_assignment(rng)
+    f = c.project(a)
+    assert f.shape == (p1k.n_groups,) and p1k.is_valid(f)
+    assert np.array_equal(f, a[c.of_group])
+    assert np.array_equal(c.restrict(f, p1k), a)
+
+
+def test_clusters_that_keep_an_assignment_hold_it_exactly(p1k):
+    a = p1k.random_assignment(np.random.default_rng(3))
+    (cl,) = cluster_levels(p1k, [50], seed=0, assignment=a)
+    c = coarse_problem(p1k, cl)
+    assert c.n_clusters < p1k.n_groups
+    assert np.array_equal(c.project(c.restrict(a, p1k)), a)
+
+
+def test_many_runs_simulate_like_the_fine_graph(p1k):
+    """With a run per op the coarse graph is the fine one (tensors of an op with the
+    same consumers merged), so a projected placement's step times agree."""
+    (cl,) = cluster_levels(p1k, [100], seed=0)
+    c = coarse_problem(p1k, cl, run_us=1e-9)
+    assert c.problem.graph.n_ops == p1k.graph.n_ops
+    A = np.stack([c.problem.random_assignment(np.random.default_rng(s)) for s in range(4)])
+    coarse = c.problem.cost_model.simulate_batch(A).step_time_us
+    fine = p1k.cost_model.simulate_batch(np.stack([c.project(a) for a in A])).step_time_us
+    assert coarse == pytest.approx(fine, rel=0.02)
+
+
+def test_the_method_is_registered():
+    assert "multilevel" in registry.methods()
+    assert registry.info("multilevel").seed_rank is None
+
+
+def test_an_evaluation_budget_is_kept_and_the_result_fits(p1k):
+    r = run("multilevel", p1k, Budget(evals=80), seed=0, seeds="m-etf")
+    assert r.evaluations <= 80 and r.feasible and p1k.is_valid(r.assignment)
+    assert r.step_time_us == pytest.approx(p1k.cost_model.simulate(r.placement).step_time_us)
+    assert r.metadata["best_from"] and r.metadata["levels"][0]["stage"] == "v-cycle 1"
+
+
+def test_a_seconds_budget_is_kept_without_seeds(p1k):
+    """With no fine seeds the coarse pass starts the search (its levels coarsest first)."""
+    r = run("multilevel", p1k, Budget(seconds=1.5), seed=2, seeds="none", clusters="200,40")
+    assert r.seconds <= 1.5 + 0.3 and r.feasible and p1k.is_valid(r.assignment)
+    stages = [row["stage"] for row in r.metadata["levels"]]
+    assert stages[:2] == ["level 2", "level 1"]
+    assert r.metadata["levels"][0]["clusters"] <= 40 and r.metadata["levels"][1]["clusters"] <= 200
+
+
+def test_memory_is_honoured():
+    """GPUs too small for the graph on one of them: the result still fits."""
+    cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x4"))
+    p = Problem(cm)
+    on_gpu = np.where(p.allowed[:, 1], 1, 0).astype(np.int32)
+    peak = cm.simulate(p.placement(on_gpu)).peak_memory_bytes[1]
+    cm.capacity = cm.capacity.copy()
+    cm.capacity[1:] = peak // 3
+    p = Problem(cm)
+    r = run("multilevel", p, Budget(evals=60), seed=0, seeds="single")
+    assert r.feasible and np.all(cm.simulate(r.placement).peak_memory_bytes <= cm.capacity)
