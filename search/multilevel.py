@@ -205,7 +205,7 @@ def _vcycle(problem, budget, seed, tracker, k, target, share, runs_per_cluster, 
 def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_share: Share = 0.6,
                cycles: Count = 2, cycle_clusters: Count | None = None, refine_share: Share = 0.15,
                clusters=None, runs_per_cluster: Positive = 4.0, coarse_seeds: Seeds | None = "heft,m-etf,metis",
-               fallback: str | None = "m-topo", batch: Count | None = None):
+               fallback: str | None = "m-topo", batch: Count | None = None, start=None):
     """Multilevel annealing (see the module docstring); returns metadata.
 
     ``seeds`` run on the fine problem within ``seed_share`` of the budget (``none``: skip
@@ -215,7 +215,8 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_
     (``--option clusters=3000,600``), ``coarse_seeds`` its seeding methods;
     ``runs_per_cluster``: how finely a coarse graph keeps the order of a cluster's ops
     (more: closer to the fine step time, slower to simulate); ``fallback``: the fine
-    one-shot method scored when nothing feasible was found."""
+    one-shot method scored when nothing feasible was found; ``start`` (a group
+    assignment, from Python) replaces the seeds: the V-cycles start from it."""
     from .seeding import seed_assignments
 
     from .registry import seed_names
@@ -227,7 +228,13 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_
     stages = _Stages(tracker)
     rows: list[dict] = []
     meta = {"levels": rows}
-    if not skip_seeds:
+    if start is not None:
+        a = np.asarray(start)
+        if a.shape != (problem.n_groups,) or a.dtype.kind not in "iu" or not problem.is_valid(a):
+            raise SearchError(f"multilevel: start must be a valid assignment of the {problem.n_groups} groups")
+        _score_fine(tracker, a.astype(np.int32))
+        stages.note("start")
+    elif not skip_seeds:
         found, _ = seed_assignments(problem, budget, seed, tracker, names=seeds, share=seed_share)
         meta["seeds"] = list(dict.fromkeys(n for _, n, _ in found))
         stages.note("seeds: " + (found[0][1] if found else "none"))
