@@ -9,7 +9,7 @@ device) and anneals on the clusters, so that one move carries many groups:
 
 1. the seeding methods (``seeds``, default ``heft``, the best one-shot method on large
    graphs) run on the fine problem within ``seed_share`` of the budget;
-2. where none gave a feasible placement, a coarse pass (:func:`_descend`) anneals on
+2. where none finished or gave a feasible placement, a coarse pass (:func:`_descend`) anneals on
    each level of clusters (``clusters``, finest first; the finer levels' clusters are
    short in time, so a cluster's ops run close together), coarsest first, each level
    from the best of the level above, seeded on the coarsest by ``coarse_seeds`` run on
@@ -29,7 +29,9 @@ nothing feasible was found the ``fallback`` one-shot method is scored, so the re
 fits whenever that one's does.
 
 ``metadata["levels"]`` has one row per coarse stage: clusters, coarse ops, coarse
-evaluations, the coarse step time and the fine step time of its best projected;
+evaluations, the coarse step time and the fine step time of its best projected, its
+seconds and those of them spent building its clusters and coarse graph;
+``seed_seconds`` and ``refine["seconds"]`` are the other stages' seconds, and
 ``best_from`` names the stage that found the result.
 
 >>> from placetool.costmodel import CostModel, presets
@@ -145,21 +147,25 @@ def _descend(problem, budget, seed, tracker, counts, share, runs_per_cluster, se
     """The coarse pass: anneal on each level of :func:`cluster_levels`, coarsest first,
     each from the best of the level above; every level's best is scored on the fine
     problem. Returns the last level's best as a fine assignment (None if none)."""
+    t0 = tracker.seconds
     cp = problem.cost_model.lower_bound_us()
     spans = [None if s is None else s * cp for s in SPAN_SHARES]
     spans = (spans + [None] * len(counts))[: len(counts)]
     part = cluster_levels(problem, counts, spans, seed=seed)
     levels = [coarse_problem(problem, c, runs_per_cluster=runs_per_cluster) for c in part]
+    built = tracker.seconds - t0
     cur = None
     for k, lv in enumerate(reversed(levels)):  # coarsest first
         if tracker.done():
             break
+        t1 = tracker.seconds
         start = None if cur is None else lv.restrict(cur, problem)
         b = _coarse_budget(budget, tracker, share / len(levels), problem.graph.n_ops, lv.problem.graph.n_ops)
         a, step, ok, n = _anneal_coarse(lv, b, seed + k, start, seeds, sa_options)
         row = {"stage": f"level {len(levels) - k}", "clusters": lv.n_clusters,
                "coarse_ops": lv.problem.graph.n_ops, "evaluations": n,
-               "coarse_step_us": None if a is None else step, "coarse_feasible": ok, "fine_step_us": None}
+               "coarse_step_us": None if a is None else step, "coarse_feasible": ok, "fine_step_us": None,
+               "build_seconds": built if k == 0 else 0.0}
         rows.append(row)
         if a is None:
             continue
@@ -167,6 +173,7 @@ def _descend(problem, budget, seed, tracker, counts, share, runs_per_cluster, se
         got = _score_fine(tracker, cur)
         if got is not None:
             row["fine_step_us"], row["fine_feasible"] = got[:2]
+        row["seconds"] = tracker.seconds - t1 + row["build_seconds"]
         stages.note(row["stage"])
     return cur
 
@@ -178,9 +185,11 @@ def _vcycle(problem, budget, seed, tracker, k, target, share, runs_per_cluster, 
     best = tracker.best_assignment
     if best is None or tracker.done():
         return False
+    t0 = tracker.seconds
     part = cluster_levels(problem, [target], seed=seed + 7919 * (k + 1), assignment=best)[0]
     lv = coarse_problem(problem, part, runs_per_cluster=runs_per_cluster)
     start = lv.restrict(best, problem)
+    built = tracker.seconds - t0
     b = _coarse_budget(budget, tracker, share, problem.graph.n_ops, lv.problem.graph.n_ops)
     got = _score_fine(tracker, best)  # its peaks, counted as the evaluation they are
     if got is None:
@@ -189,12 +198,13 @@ def _vcycle(problem, budget, seed, tracker, k, target, share, runs_per_cluster, 
     a, step, ok, n = _anneal_coarse(lv, b, seed + 101 * (k + 1), start, None, sa_options)
     row = {"stage": f"v-cycle {k + 1}", "clusters": lv.n_clusters, "coarse_ops": lv.problem.graph.n_ops,
            "evaluations": n, "coarse_step_us": None if a is None else step, "coarse_feasible": ok,
-           "fine_step_us": None}
+           "fine_step_us": None, "build_seconds": built}
     rows.append(row)
     if a is not None and np.any(a != start):
         got = _score_fine(tracker, lv.project(a))
         if got is not None:
             row["fine_step_us"], row["fine_feasible"] = got[:2]
+    row["seconds"] = tracker.seconds - t0
     stages.note(row["stage"])
     return True
 
@@ -237,8 +247,12 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_
     elif not skip_seeds:
         found, _ = seed_assignments(problem, budget, seed, tracker, names=seeds, share=seed_share)
         meta["seeds"] = list(dict.fromkeys(n for _, n, _ in found))
+        meta["seed_seconds"] = tracker.seconds
         stages.note("seeds: " + (found[0][1] if found else "none"))
-    if not tracker.best_feasible and not tracker.done():
+    # no seed finished within its share (a list scheduler cut short gives none, and the
+    # seeding falls back to every group on its first device): the coarse pass starts
+    seeded = start is not None or any(name != "first-device" for name in meta.get("seeds", []))
+    if (not seeded or not tracker.best_feasible) and not tracker.done():
         counts = _parse_counts(clusters, problem.n_groups)
         _descend(problem, budget, seed, tracker, counts, seed_share if skip_seeds else 0.3,
                  runs_per_cluster, coarse_seeds, sa_options, stages, rows)
@@ -263,11 +277,13 @@ def _finish(problem, budget, seed, tracker, fallback, stages, sa_options) -> dic
         meta["memory_fit"] = bool(r is not None and r.feasible[0])
         stages.note("memory fit")
     if tracker.best_assignment is not None and not tracker.done():
+        t0 = tracker.seconds
         try:
             m = anneal(problem, budget, seed, tracker, start=tracker.best_assignment, **sa_options)
             meta["refine"] = {k: m.get(k) for k in ("proposals", "accepted", "restarts", "mode")}
         except BudgetExhausted:
             pass
+        meta.setdefault("refine", {})["seconds"] = tracker.seconds - t0
         stages.note("fine sa")
     if not tracker.best_feasible and fallback:
         # nothing feasible: a fine one-shot method's placement, scored even past a
