@@ -102,7 +102,8 @@ ZOO_EXPECT = {  # name: (expert, at least this many ops)
     "inception_v3": ("single-gpu", 5000), "resnet50": ("single-gpu", 5000),
     "rnnlm": ("single-gpu", 1000), "nmt": ("layers", 3000), "gnmt4": ("layers", 10000),
     "gnmt8": ("layers", 50000), "transformer": ("layers", 5000), "wavenet": ("single-gpu", 3000),
-    "nasnet_mobile": ("single-gpu", 15000),
+    "nasnet_mobile": ("single-gpu", 15000), "densenet121": ("single-gpu", 10000),
+    "mobilenet_v2": ("single-gpu", 4000), "xception": ("single-gpu", 4000),
 }
 
 

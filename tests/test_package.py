@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ZOO = {"gnmt4", "gnmt8", "inception_v3", "nasnet_mobile", "nmt", "resnet50", "rnnlm", "transformer", "wavenet"}
+ZOO = {"densenet121", "gnmt4", "gnmt8", "inception_v3", "mobilenet_v2", "nasnet_mobile", "nmt", "resnet50", "rnnlm",
+       "transformer", "wavenet", "xception"}
 PRESETS = {"k40x2", "k40x4", "k40x8", "k80x2", "k80x4", "p100x4", "v100x8"}
 
 

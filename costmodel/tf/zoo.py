@@ -257,6 +257,11 @@ ZOO: dict[str, ZooSpec] = {
     "resnet50": ZooSpec(_application("ResNet50", 224), 32, "ResNet-50, 224x224, batch 32"),
     "inception_v3": ZooSpec(_application("InceptionV3", 299), 32, "Inception-V3, 299x299, batch 32"),
     "nasnet_mobile": ZooSpec(_application("NASNetMobile", 224), 32, "NASNet-A Mobile, 224x224, batch 32"),
+    # training graphs of the dispatching rule (data/policies/dispatch): branchy and
+    # depthwise convolution networks beside the one residual stack above
+    "densenet121": ZooSpec(_application("DenseNet121", 224), 32, "DenseNet-121, 224x224, batch 32"),
+    "mobilenet_v2": ZooSpec(_application("MobileNetV2", 224), 32, "MobileNet-V2, 224x224, batch 32"),
+    "xception": ZooSpec(_application("Xception", 299), 32, "Xception, 299x299, batch 32"),
     "gnmt4": ZooSpec(_seq2seq(4, True, "gnmt4", hidden=1024, vocab=32000, src_len=40, tgt_len=40), 64,
                      "4-layer GNMT, 1024 hidden, vocab 32k, 40+40 steps, batch 64"),
     "gnmt8": ZooSpec(_seq2seq(8, True, "gnmt8", hidden=1024, vocab=32000, src_len=80, tgt_len=80), 64,
