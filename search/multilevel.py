@@ -1,27 +1,34 @@
-"""``multilevel``: annealing on coarsened versions of the problem, then on the problem itself.
+"""``multilevel``: search in moves of many groups at once, for graphs of tens of thousands of ops.
 
-On graphs of tens of thousands of ops one simulation takes milliseconds and a move of
-one group changes little, so ``sa`` gets a few hundred evaluations in ten seconds and
-barely leaves its start. This method coarsens the group graph as METIS does
-(:mod:`placetool.search.coarsen`: heavy-edge matching into clusters, each level a
-smaller problem for the simulator whose assignment gives every group its cluster's
-device) and anneals on the clusters, so that one move carries many groups:
+On such graphs one simulation takes milliseconds and a move of one group changes little,
+so ``sa`` gets a few hundred evaluations in ten seconds and barely leaves its start. This
+method decides at the level of clusters and regions: it coarsens the group graph as
+METIS does (:mod:`placetool.search.coarsen`: heavy-edge matching into clusters, each
+level a smaller problem for the simulator whose assignment gives every group its
+cluster's device), anneals on the clusters, and moves whole regions along the simulated
+critical path:
 
 1. the seeding methods (``seeds``, default ``heft``, the best one-shot method on large
    graphs) run on the fine problem within ``seed_share`` of the budget;
-2. where none finished or gave a feasible placement, a coarse pass (:func:`_descend`) anneals on
-   each level of clusters (``clusters``, finest first; the finer levels' clusters are
+2. where none finished or gave a feasible placement, a coarse pass (:func:`_descend`)
+   anneals on each level of clusters (``clusters``, finest first; the finer levels' clusters are
    short in time, so a cluster's ops run close together), coarsest first, each level
    from the best of the level above, seeded on the coarsest by ``coarse_seeds`` run on
    the coarse graph, in a fraction of their time on the fine one;
-3. ``cycles`` V-cycles refine the best: clusters that keep it exactly (groups merge only
+3. greedy rounds of region-sized critical-path moves take ``pull_share`` of what is
+   left (:func:`_pull_rounds`): each round traces the path of the current placement and
+   scores a batch of candidates, some pulling a random share of the path's transfers
+   onto one device each (towards the device with memory to spare), some moving one of
+   the longest groups to another device; the best is kept if it fits and is faster;
+4. ``cycles`` V-cycles refine the best: clusters that keep it exactly (groups merge only
    with neighbours on the same device), sa on them from it, the best projected back;
-4. sa on the fine groups from the best for the rest of the budget (at least
+5. sa on the fine groups from the best for the rest of the budget (at least
    ``refine_share`` of it).
 
-The budget is the fine problem's: its tracker counts fine evaluations (the seeds', one
-for each coarse stage's best projected and one for each V-cycle's start, and the
-refinement's); the coarse stages get shares of the seconds and, under an evaluation
+The budget is the fine problem's: its tracker counts fine evaluations (the seeds', the
+rounds' candidates, one for each coarse stage's best projected and one for each
+V-cycle's start, and the refinement's; the traces of the path are not counted, as sa's
+are not); the coarse stages get shares of the seconds and, under an evaluation
 budget, as many coarse evaluations as the same share of fine evaluations would
 simulate ops. A best over memory is fitted into it
 (:func:`~placetool.search.memory.fit_memory`) before the fine refinement, and where
@@ -31,8 +38,9 @@ fits whenever that one's does.
 ``metadata["levels"]`` has one row per coarse stage: clusters, coarse ops, coarse
 evaluations, the coarse step time and the fine step time of its best projected, its
 seconds and those of them spent building its clusters and coarse graph;
-``seed_seconds`` and ``refine["seconds"]`` are the other stages' seconds, and
-``best_from`` names the stage that found the result.
+``seed_seconds``, ``pulls`` (rounds, improvements kept by kind of move, seconds) and
+``refine["seconds"]`` tell the other stages, and ``best_from`` names the stage that
+found the result.
 
 >>> from placetool.costmodel import CostModel, presets
 >>> from placetool.search import Problem, Budget, run
@@ -140,7 +148,7 @@ def _calibrate(coarse, fine_peak, coarse_peak) -> None:
     cm = coarse.problem.cost_model
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(fine_peak > 0, coarse_peak / np.maximum(fine_peak, 1), 1.0)
-    cm.capacity = (cm.capacity * np.clip(ratio, 1.0, 2.0)).astype(np.int64)
+    cm.capacity = (cm.capacity * np.clip(ratio, 0.5, 2.0)).astype(np.int64)
 
 
 def _descend(problem, budget, seed, tracker, counts, share, runs_per_cluster, seeds, sa_options, stages, rows):
@@ -209,18 +217,118 @@ def _vcycle(problem, budget, seed, tracker, k, target, share, runs_per_cluster, 
     return True
 
 
+#: the shares of the critical path's transfers one pull move takes, one candidate each
+#: per round
+PULL_FRACTIONS = (0.005, 0.02)
+#: candidates per round that move one of the :data:`HEAVY` longest groups instead
+HEAVY_MOVES = 6
+HEAVY = 64
+
+
+def _pull_candidates(problem, rng, cur, comm, room, fractions):
+    """Region-sized moves along the critical path: per candidate, a random share of its
+    transfers pulled onto one device each (the consumer's group to the producer's device
+    or the other way, towards the device with more memory to spare, in proportion), where
+    the group may run there."""
+    gs, gd = comm[:, 0], comm[:, 1]
+    ds, dd = cur[gs], cur[gd]
+    rs, rd = np.maximum(room[ds], 0.0), np.maximum(room[dd], 0.0)
+    to_src = np.where(rs + rd > 0, rs / np.maximum(rs + rd, 1e-9), 0.5)
+    out = []
+    for f in fractions:
+        a = cur.copy()
+        sel = rng.random(len(comm)) < f
+        back = rng.random(len(comm)) < to_src
+        m1 = sel & back & problem.allowed[gd, ds]  # consumer joins the producer
+        m2 = sel & ~back & problem.allowed[gs, dd]  # producer joins the consumer
+        a[gd[m1]] = ds[m1]
+        a[gs[m2]] = dd[m2]
+        out.append(a)
+    return out
+
+
+def _heavy_candidates(problem, rng, cur, heavy, weight, n):
+    """``n`` moves of one long group each (drawn in proportion to its compute time) to
+    another device it may use: a 78 ms softmax on the wrong GPU is a move sa's random and
+    path-guided draws find rarely among 50k groups, and the one a step time turns on."""
+    out = []
+    for _ in range(n):
+        k = heavy[rng.choice(len(heavy), p=weight)]
+        ok = np.flatnonzero(problem.allowed[k])
+        ok = ok[ok != cur[k]]
+        if ok.size:
+            a = cur.copy()
+            a[k] = ok[rng.integers(ok.size)]
+            out.append(a)
+    return out
+
+
+def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, stages, meta) -> None:
+    """Greedy rounds of region-sized critical-path moves (:func:`_pull_candidates`) and
+    moves of long groups (:func:`_heavy_candidates`) from the tracker's best feasible
+    placement until ``until`` seconds (of the tracker's clock), ``max_evals``
+    evaluations (None: any) or the budget ends: each round traces the path of the
+    current placement, scores a batch of candidates and keeps the best if it fits and is
+    faster. One pull of sa moves one or two groups; on a graph whose path crosses
+    devices thousands of times that is too little per simulation to get anywhere in
+    seconds."""
+    from .critical import CriticalPath
+
+    rng = np.random.default_rng(seed + 1_000_003)
+    cm = problem.cost_model
+    cap = cm.capacity.astype(np.float64)
+    cur = tracker.best_assignment
+    if cur is None or not tracker.best_feasible:
+        return
+    got = _score_fine(tracker, cur)
+    if got is None:
+        return
+    step, peak = got[0], got[2]
+    t0, n0, rounds, kept = tracker.seconds, tracker.evaluations, 0, {}
+    fractions = PULL_FRACTIONS
+    t = np.where(np.isfinite(problem.group_time), problem.group_time, 0.0).min(axis=1)
+    heavy = np.argsort(-t, kind="stable")[: min(HEAVY, problem.n_groups)]
+    weight = t[heavy] + 1e-9
+    weight = weight / weight.sum()
+    n_heavy = HEAVY_MOVES if (problem.allowed[heavy].sum(axis=1) > 1).any() else 0
+    while not tracker.done() and tracker.seconds < until:
+        if max_evals is not None and tracker.evaluations - n0 + len(fractions) + n_heavy > max_evals:
+            break
+        comm = CriticalPath(cm, cur).comm
+        if not len(comm):
+            break
+        cands = _pull_candidates(problem, rng, cur, comm, cap - peak, fractions)
+        kinds = [f"pull {f:g}" for f in fractions]
+        cands += _heavy_candidates(problem, rng, cur, heavy, weight, n_heavy)
+        kinds += ["heavy"] * (len(cands) - len(kinds))
+        try:
+            r = tracker.evaluate(np.stack(cands))
+        except BudgetExhausted:
+            break
+        rounds += 1
+        obj = np.where(r.feasible, r.step_time_us, np.inf)
+        i = int(np.argmin(obj))
+        if obj[i] < step and i < len(kinds):
+            cur, step, peak = r.assignments[i].copy(), float(obj[i]), r.peak_memory_bytes[i]
+            kept[kinds[i]] = kept.get(kinds[i], 0) + 1
+    meta["pulls"] = {"rounds": rounds, "kept": kept, "seconds": tracker.seconds - t0}
+    stages.note("critical-path pulls")
+
+
 @register("multilevel", budget=Budget(seconds=10.0),
           summary="Multilevel annealing: sa on the group graph coarsened by heavy-edge matching (as METIS), "
                   "in V-cycles from the seeding methods' best, then on the groups")
 def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_share: Share = 0.6,
-               cycles: Count = 2, cycle_clusters: Count | None = None, refine_share: Share = 0.15,
+               cycles: Count = 1, cycle_clusters: Count | None = None, refine_share: Share = 0.05,
                clusters=None, runs_per_cluster: Positive = 4.0, coarse_seeds: Seeds | None = "heft,m-etf,metis",
-               fallback: str | None = "m-topo", batch: Count | None = None, start=None):
-    """Multilevel annealing (see the module docstring); returns metadata.
+               fallback: str | None = "m-topo", batch: Count | None = None, start=None,
+               pull_share: Share = 0.75):
+    """Multilevel search (see the module docstring); returns metadata.
 
     ``seeds`` run on the fine problem within ``seed_share`` of the budget (``none``: skip
-    them and start from the coarse pass); ``cycles`` V-cycles of ``cycle_clusters``
-    clusters (default a tenth of the groups) share what is left but ``refine_share``,
+    them and start from the coarse pass); rounds of critical-path pulls take
+    ``pull_share`` of what is left; ``cycles`` V-cycles of ``cycle_clusters`` clusters
+    (default a tenth of the groups) share the rest but ``refine_share`` of the budget,
     which the fine sa takes; ``clusters`` gives the coarse pass's levels, finest first
     (``--option clusters=3000,600``), ``coarse_seeds`` its seeding methods;
     ``runs_per_cluster``: how finely a coarse graph keeps the order of a cluster's ops
@@ -256,8 +364,15 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_
         counts = _parse_counts(clusters, problem.n_groups)
         _descend(problem, budget, seed, tracker, counts, seed_share if skip_seeds else 0.3,
                  runs_per_cluster, coarse_seeds, sa_options, stages, rows)
-    target = cycle_clusters or max(2, problem.n_groups // 10)
     left = max(0.0, 1.0 - tracker.seconds / budget.seconds) if budget.seconds else 1.0 - seed_share
+    if budget.seconds is not None:
+        until = tracker.seconds + pull_share * left * budget.seconds
+        _pull_rounds(problem, seed, tracker, until, None, stages, meta)
+    else:
+        _pull_rounds(problem, seed, tracker, np.inf, int(pull_share * tracker.remaining_evals()), stages,
+                     meta)
+    left = max(0.0, 1.0 - tracker.seconds / budget.seconds) if budget.seconds else left * (1 - pull_share)
+    target = cycle_clusters or max(2, problem.n_groups // 10)
     each = max(0.0, left - refine_share) / max(int(cycles), 1)
     for k in range(int(cycles)):
         if each <= 0 or not _vcycle(problem, budget, seed, tracker, k, target, each, runs_per_cluster,

@@ -144,3 +144,34 @@ def test_memory_is_honoured():
     p = Problem(cm)
     r = run("multilevel", p, Budget(evals=60), seed=0, seeds="single")
     assert r.feasible and np.all(cm.simulate(r.placement).peak_memory_bytes <= cm.capacity)
+
+
+def test_pull_candidates_move_only_the_ends_of_transfers_onto_each_other(p1k):
+    from placetool.search.critical import CriticalPath
+    from placetool.search.multilevel import _heavy_candidates, _pull_candidates
+
+    rng = np.random.default_rng(0)
+    cur = p1k.random_assignment(rng)
+    comm = CriticalPath(p1k.cost_model, cur).comm
+    assert len(comm)
+    room = np.ones(p1k.n_devices)
+    (a,) = _pull_candidates(p1k, rng, cur, comm, room, [1.0])  # every transfer pulled
+    moved = np.flatnonzero(a != cur)
+    assert moved.size and set(moved.tolist()) <= set(comm.ravel().tolist())
+    # a moved group went to the device of a group it exchanges data with on the path
+    partners = {}
+    for s, d in comm:
+        partners.setdefault(int(s), set()).add(int(cur[d]))
+        partners.setdefault(int(d), set()).add(int(cur[s]))
+    assert all(int(a[k]) in partners[int(k)] for k in moved) and p1k.is_valid(a)
+    heavy = np.arange(5)
+    for b in _heavy_candidates(p1k, rng, cur, heavy, np.full(5, 0.2), 4):
+        diff = np.flatnonzero(b != cur)
+        assert diff.size == 1 and diff[0] in heavy and p1k.is_valid(b)
+
+
+def test_the_rounds_report_what_they_kept(p1k):
+    r = run("multilevel", p1k, Budget(evals=120), seed=0, seeds="m-etf", pull_share=1.0, cycles=1)
+    pulls = r.metadata["pulls"]
+    assert pulls["rounds"] >= 1 and set(pulls["kept"]) <= {"heavy", "pull 0.005", "pull 0.02"}
+    assert r.evaluations <= 120 and r.feasible
