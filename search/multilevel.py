@@ -223,6 +223,9 @@ PULL_FRACTIONS = (0.005, 0.02)
 #: candidates per round that move one of the :data:`HEAVY` longest groups instead
 HEAVY_MOVES = 6
 HEAVY = 64
+#: the first rounds try each of this many longest groups, longest first, on every other
+#: device it may use (a sweep: one round per group)
+SWEEP_FIRST = 16
 
 
 def _pull_candidates(problem, rng, cur, comm, room, fractions):
@@ -263,13 +266,25 @@ def _heavy_candidates(problem, rng, cur, heavy, weight, n):
     return out
 
 
+def _sweep_candidates(problem, cur, k):
+    """Group ``k`` on each other device it may use, one candidate each."""
+    out = []
+    for d in np.flatnonzero(problem.allowed[k]):
+        if d != cur[k]:
+            a = cur.copy()
+            a[k] = d
+            out.append(a)
+    return out
+
+
 def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, stages, meta) -> None:
     """Greedy rounds of region-sized critical-path moves (:func:`_pull_candidates`) and
     moves of long groups (:func:`_heavy_candidates`) from the tracker's best feasible
     placement until ``until`` seconds (of the tracker's clock), ``max_evals``
     evaluations (None: any) or the budget ends: each round traces the path of the
     current placement, scores a batch of candidates and keeps the best if it fits and is
-    faster. One pull of sa moves one or two groups; on a graph whose path crosses
+    faster; the first rounds sweep the longest groups over the devices
+    (:data:`SWEEP_FIRST`). One pull of sa moves one or two groups; on a graph whose path crosses
     devices thousands of times that is too little per simulation to get anywhere in
     seconds."""
     from .critical import CriticalPath
@@ -291,16 +306,23 @@ def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, st
     weight = t[heavy] + 1e-9
     weight = weight / weight.sum()
     n_heavy = HEAVY_MOVES if (problem.allowed[heavy].sum(axis=1) > 1).any() else 0
+    comm = None  # the path of ``cur``, traced again only once ``cur`` changes
     while not tracker.done() and tracker.seconds < until:
         if max_evals is not None and tracker.evaluations - n0 + len(fractions) + n_heavy > max_evals:
+            # (a sweep may ask for more; the tracker scores what the budget holds)
             break
-        comm = CriticalPath(cm, cur).comm
+        if comm is None:
+            comm = CriticalPath(cm, cur).comm
         if not len(comm):
             break
-        cands = _pull_candidates(problem, rng, cur, comm, cap - peak, fractions)
-        kinds = [f"pull {f:g}" for f in fractions]
-        cands += _heavy_candidates(problem, rng, cur, heavy, weight, n_heavy)
-        kinds += ["heavy"] * (len(cands) - len(kinds))
+        sweep = n_heavy and rounds < min(SWEEP_FIRST, len(heavy))
+        cands = _sweep_candidates(problem, cur, heavy[rounds]) if sweep else []
+        kinds = ["sweep"] * len(cands)
+        if not cands:
+            cands = _pull_candidates(problem, rng, cur, comm, cap - peak, fractions)
+            kinds = [f"pull {f:g}" for f in fractions]
+            cands += _heavy_candidates(problem, rng, cur, heavy, weight, n_heavy)
+            kinds += ["heavy"] * (len(cands) - len(kinds))
         try:
             r = tracker.evaluate(np.stack(cands))
         except BudgetExhausted:
@@ -311,6 +333,7 @@ def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, st
         if obj[i] < step and i < len(kinds):
             cur, step, peak = r.assignments[i].copy(), float(obj[i]), r.peak_memory_bytes[i]
             kept[kinds[i]] = kept.get(kinds[i], 0) + 1
+            comm = None
     meta["pulls"] = {"rounds": rounds, "kept": kept, "seconds": tracker.seconds - t0}
     stages.note("critical-path pulls")
 

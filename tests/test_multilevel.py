@@ -173,5 +173,15 @@ def test_pull_candidates_move_only_the_ends_of_transfers_onto_each_other(p1k):
 def test_the_rounds_report_what_they_kept(p1k):
     r = run("multilevel", p1k, Budget(evals=120), seed=0, seeds="m-etf", pull_share=1.0, cycles=1)
     pulls = r.metadata["pulls"]
-    assert pulls["rounds"] >= 1 and set(pulls["kept"]) <= {"heavy", "pull 0.005", "pull 0.02"}
+    assert pulls["rounds"] >= 1 and set(pulls["kept"]) <= {"sweep", "heavy", "pull 0.005", "pull 0.02"}
     assert r.evaluations <= 120 and r.feasible
+
+
+def test_a_sweep_tries_a_group_on_every_other_device(p1k):
+    from placetool.search.multilevel import _sweep_candidates
+
+    cur = np.full(p1k.n_groups, 1, np.int32)
+    k = int(np.flatnonzero(p1k.allowed.all(axis=1))[0])
+    out = _sweep_candidates(p1k, cur, k)
+    assert sorted(int(a[k]) for a in out) == [d for d in range(p1k.n_devices) if d != 1]
+    assert all(np.flatnonzero(a != cur).tolist() == [k] for a in out)
