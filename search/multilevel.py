@@ -358,8 +358,6 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_
     (more: closer to the fine step time, slower to simulate); ``fallback``: the fine
     one-shot method scored when nothing feasible was found; ``start`` (a group
     assignment, from Python) replaces the seeds: the V-cycles start from it."""
-    from .seeding import seed_assignments
-
     from .registry import seed_names
 
     skip_seeds = seeds is None or (isinstance(seeds, str) and seeds.strip().lower() == "none")
@@ -376,13 +374,12 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_
         _score_fine(tracker, a.astype(np.int32))
         stages.note("start")
     elif not skip_seeds:
-        found, _ = seed_assignments(problem, budget, seed, tracker, names=seeds, share=seed_share)
-        meta["seeds"] = list(dict.fromkeys(n for _, n, _ in found))
+        meta["seeds"] = _run_seeds(problem, budget, seed, tracker, seed_names(seeds), seed_share)
         meta["seed_seconds"] = tracker.seconds
-        stages.note("seeds: " + (found[0][1] if found else "none"))
-    # no seed finished within its share (a list scheduler cut short gives none, and the
-    # seeding falls back to every group on its first device): the coarse pass starts
-    seeded = start is not None or any(name != "first-device" for name in meta.get("seeds", []))
+        stages.note("seeds")
+    # no seed finished within its share (a list scheduler cut short gives none): the
+    # coarse pass starts
+    seeded = start is not None or bool(meta.get("seeds"))
     if (not seeded or not tracker.best_feasible) and not tracker.done():
         counts = _parse_counts(clusters, problem.n_groups)
         _descend(problem, budget, seed, tracker, counts, seed_share if skip_seeds else 0.3,
@@ -404,6 +401,32 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_
     meta.update(_finish(problem, budget, seed, tracker, fallback, stages, sa_options))
     meta["best_from"] = stages.best_from
     return meta
+
+
+def _run_seeds(problem, budget, seed, tracker, names, share: float) -> list[str]:
+    """Run the seeding methods ``names`` on the fine problem within ``share`` of a
+    seconds budget (60 s under an evaluation budget), as sa's seeding does, but without
+    fitting their faster placements over memory again (the list schedulers fit their
+    own; a second fit of a 50k-op placement takes a second the rounds use better).
+    Returns the names that scored a placement."""
+    from .registry import get
+
+    limit = budget.seconds * share if budget.seconds else 60.0
+    done = []
+    with tracker.sub_budget(limit) as rows:
+        for name in names:
+            if tracker.done():
+                break
+            n0 = len(rows)
+            try:
+                get(name)(problem, budget, seed, tracker)
+            except BudgetExhausted:
+                pass
+            except Exception:  # a broken seeding method must not sink the search
+                continue
+            if len(rows) > n0:
+                done.append(name)
+    return done
 
 
 def _finish(problem, budget, seed, tracker, fallback, stages, sa_options) -> dict:
