@@ -143,8 +143,9 @@ def _score_fine(tracker, a):
 
 def _calibrate(coarse, fine_peak, coarse_peak) -> None:
     """Scale the coarse problem's capacities by how far its memory account overstates
-    the fine one on the same placement (a coarse op holds all it sends until its last
-    consumer ends), per device, by 1 to 2 times."""
+    (a coarse op holds all it sends until its last consumer ends) or understates (what
+    stays inside a coarse op is not counted) the fine one on the same placement, per
+    device, by 0.5 to 2 times."""
     cm = coarse.problem.cost_model
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(fine_peak > 0, coarse_peak / np.maximum(fine_peak, 1), 1.0)
@@ -341,15 +342,16 @@ def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, st
 @register("multilevel", budget=Budget(seconds=10.0),
           summary="Multilevel annealing: sa on the group graph coarsened by heavy-edge matching (as METIS), "
                   "in V-cycles from the seeding methods' best, then on the groups")
-def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_share: Share = 0.6,
+def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_share: Share = 0.75,
                cycles: Count = 1, cycle_clusters: Count | None = None, refine_share: Share = 0.05,
                clusters=None, runs_per_cluster: Positive = 4.0, coarse_seeds: Seeds | None = "heft,m-etf,metis",
                fallback: str | None = "m-topo", batch: Count | None = None, start=None,
                pull_share: Share = 0.75):
     """Multilevel search (see the module docstring); returns metadata.
 
-    ``seeds`` run on the fine problem within ``seed_share`` of the budget (``none``: skip
-    them and start from the coarse pass); rounds of critical-path pulls take
+    ``seeds`` run on the fine problem within ``seed_share`` of the budget (a cap: the
+    stage ends when they do; heft cut short in its memory rounds is a much worse start,
+    so the cap is generous) (``none``: skip them and start from the coarse pass); rounds of critical-path pulls take
     ``pull_share`` of what is left; ``cycles`` V-cycles of ``cycle_clusters`` clusters
     (default a tenth of the groups) share the rest but ``refine_share`` of the budget,
     which the fine sa takes; ``clusters`` gives the coarse pass's levels, finest first
@@ -367,6 +369,7 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_
     stages = _Stages(tracker)
     rows: list[dict] = []
     meta = {"levels": rows}
+    over = None  # the seeds' fastest placement over memory
     if start is not None:
         a = np.asarray(start)
         if a.shape != (problem.n_groups,) or a.dtype.kind not in "iu" or not problem.is_valid(a):
@@ -374,12 +377,19 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_
         _score_fine(tracker, a.astype(np.int32))
         stages.note("start")
     elif not skip_seeds:
-        meta["seeds"] = _run_seeds(problem, budget, seed, tracker, seed_names(seeds), seed_share)
+        meta["seeds"], over = _run_seeds(problem, budget, seed, tracker, seed_names(seeds), seed_share)
         meta["seed_seconds"] = tracker.seconds
         stages.note("seeds")
     # no seed finished within its share (a list scheduler cut short gives none): the
     # coarse pass starts
     seeded = start is not None or bool(meta.get("seeds"))
+    if over is not None and not tracker.done():
+        # the fastest seed over memory, when faster than every one that fits (a list
+        # scheduler cut short in its memory rounds falls back to m-TOPO's placement,
+        # twice as slow): fitted with the simulator's account it is the better start
+        if over[0] < tracker.best_feasible_us:
+            _, r = fit_memory(problem, over[1], tracker)
+            meta["seed_fitted"] = bool(r is not None and r.feasible[0])
     if (not seeded or not tracker.best_feasible) and not tracker.done():
         counts = _parse_counts(clusters, problem.n_groups)
         _descend(problem, budget, seed, tracker, counts, seed_share if skip_seeds else 0.3,
@@ -403,12 +413,12 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_
     return meta
 
 
-def _run_seeds(problem, budget, seed, tracker, names, share: float) -> list[str]:
+def _run_seeds(problem, budget, seed, tracker, names, share: float):
     """Run the seeding methods ``names`` on the fine problem within ``share`` of a
-    seconds budget (60 s under an evaluation budget), as sa's seeding does, but without
-    fitting their faster placements over memory again (the list schedulers fit their
-    own; a second fit of a 50k-op placement takes a second the rounds use better).
-    Returns the names that scored a placement."""
+    seconds budget (60 s under an evaluation budget), as sa's seeding does. Returns the
+    names that scored a placement and the fastest they scored over memory as (step time,
+    assignment) (None if none was), for the caller to fit where it beats every one
+    that fits."""
     from .registry import get
 
     limit = budget.seconds * share if budget.seconds else 60.0
@@ -426,7 +436,9 @@ def _run_seeds(problem, budget, seed, tracker, names, share: float) -> list[str]
                 continue
             if len(rows) > n0:
                 done.append(name)
-    return done
+    over = [(float(r.step_time_us[i]), r.assignments[i]) for r in rows for i in range(len(r.assignments))
+            if not r.feasible[i] and np.isfinite(r.step_time_us[i])]
+    return done, (min(over, key=lambda x: x[0]) if over else None)
 
 
 def _finish(problem, budget, seed, tracker, fallback, stages, sa_options) -> dict:
