@@ -54,7 +54,7 @@ import numpy as np
 from placetool.costmodel.jitclock import work_clock
 
 from .errors import SearchError
-from .listsched_kernels import downward_rank, eft_schedule, etf_schedule, upward_rank
+from .listsched_kernels import N_RULE, downward_rank, eft_schedule, etf_schedule, upward_rank
 from .problem import accelerators, fallback_device, gpu_group_time, group_memory_bytes
 from .registry import Positive, register
 from .tracker import BudgetExhausted, score
@@ -158,14 +158,33 @@ class _Data:
     def fresh_gdev(self):
         return np.full(self.problem.n_groups, -1, np.int64)
 
-    def eft(self, prio, forced=None, insertion=True):
+    def eft(self, prio, forced=None, insertion=True, rule=None):
+        """Earliest-finish-time schedule in order of ``prio``; ``rule`` (N_RULE weights,
+        default all 0) adds a learnt dispatching rule's terms to the device choice."""
         n = len(prio)
         forced = np.full(n, -1, np.int64) if forced is None else forced
         gdev = self.fresh_gdev()
+        rule = np.zeros(N_RULE) if rule is None else np.ascontiguousarray(rule, np.float64)
+        if rule.shape != (N_RULE,):
+            raise ValueError(f"a dispatching rule has {N_RULE} weights, got shape {rule.shape}")
+        crit, gtime, scale = self._rule_inputs() if rule.any() else (np.zeros(n), np.zeros((1, 1)), 0.0)
         out = eft_schedule(prio, self.rank, self.T, self.pred_ptr, self.pred_src, self.pred_bytes,
                            self.pred_ctrl, self.succ_ptr, self.succ_dst, self.group, gdev, self.gmem,
-                           self.cap, self.lat, self.bw, forced, insertion, *self._timeline(), self.deadline)
+                           self.cap, self.lat, self.bw, forced, insertion, *self._timeline(), self.deadline,
+                           rule, crit, gtime, scale, self.mean_inv_bw)
         return self._check(gdev, out[0]), out
+
+    def _rule_inputs(self):
+        """What a learnt rule's terms read: each op's upward rank over the largest, the
+        groups' work per device (0 where a group may not go) and the memory term's scale,
+        the largest upward rank (a step time's order of magnitude)."""
+        if getattr(self, "_rule_cache", None) is None:
+            ru = self.rank_u()
+            top = float(ru.max()) if len(ru) else 0.0
+            crit = ru / top if top > 0 else np.zeros_like(ru)
+            gt = self.problem.group_time
+            self._rule_cache = (crit, np.ascontiguousarray(np.where(np.isfinite(gt), gt, 0.0)), top)
+        return self._rule_cache
 
     def _timeline(self):
         return (self.in_ptr, self.in_tensor, self.tensor_op, self.tensor_bytes, self.cpred_ptr, self.cpred_src,

@@ -299,11 +299,17 @@ def _used_indeg(gdev, gmem, pred_ptr, n, D):
 @njit(cache=True)
 def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, succ_dst,
                  group, gdev, gmem, cap, lat, bw, forced, insertion,
-                 in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, xc, queued, deadline):
+                 in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, xc, queued, deadline,
+                 rule, crit, gtime, mem_scale, inv_bw):
     """Priority list scheduling: the ready op of highest ``prio`` (ties: lower ``rank``)
     goes to the device of earliest finish (into an idle gap when ``insertion``).
     With ``queued`` transfers follow the simulator's rules (see :func:`_transfer_ready`);
     without, every edge costs latency + bytes / bandwidth and nothing queues.
+
+    ``rule`` (float64[N_RULE], all 0: plain earliest finish) weighs the terms of
+    :func:`_rule_terms` added to each device's finish time when choosing it: a learnt
+    dispatching rule (:mod:`placetool.search.dispatch`); ``crit`` (per op), ``gtime``
+    (group x device work), ``mem_scale`` (µs) and ``inv_bw`` (µs per byte) feed them.
 
     ``gdev`` (per group, -1 = free) is updated in place. Returns (place, start, finish,
     memory fallbacks). At ``deadline`` (a :func:`work_clock` reading) it stops, with ops
@@ -327,6 +333,9 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
             size = heap_push(k1, k2, ids, size, -prio[v], rank[v], v)
     cand = np.zeros(D, np.bool_)
     arrive, link_s, link_e, link = _link_timelines(tensor_bytes.shape[0], in_tensor.shape[0], D, queued)
+    learnt = np.any(rule != 0.0)
+    committed = np.zeros(D)  # work of fixed groups' ops not scheduled yet
+    terms = np.zeros((D, N_RULE))
     fallbacks = 0
     steps = 0
     while size > 0:
@@ -336,7 +345,11 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
         op, size = _hpop(k1, k2, ids, size)
         g = group[op]
         fallbacks += _candidates(op, g, T, gdev, gmem, used, cap, forced[op], cand)
+        if learnt:
+            _rule_terms(op, g, cand, T, gdev, gmem, used, cap, avail, committed, crit, gtime, mem_scale,
+                        pred_ptr, pred_src, pred_bytes, pred_ctrl, place, inv_bw, terms)
         bf, bs, bd, bi = np.inf, 0.0, np.int64(-1), np.int64(0)  # int64: see etf_schedule
+        best = np.inf
         for d in range(D):
             if not cand[d]:
                 continue
@@ -368,8 +381,12 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
                         break
                     s = max(ready, slot_e[d, i])
             f = s + dur
-            if f < bf:
-                bf, bs, bd, bi = f, s, d, pos
+            score = f
+            if learnt:
+                for k in range(N_RULE):
+                    score += rule[k] * terms[d, k]
+            if score < best:
+                best, bf, bs, bd, bi = score, f, s, d, pos
         d = bd
         if queued:
             _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, place,
@@ -388,12 +405,62 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
         if gdev[g] < 0:
             gdev[g] = d
             used[d] += gmem[g]
+            if learnt:
+                committed[d] += gtime[g, d]
+        if learnt:
+            committed[d] -= T[op, d]
         for k in range(succ_ptr[op], succ_ptr[op + 1]):
             w = succ_dst[k]
             indeg[w] -= 1
             if indeg[w] == 0:
                 size = heap_push(k1, k2, ids, size, -prio[w], rank[w], w)
     return place, start, finish, fallbacks
+
+
+#: how many terms a learnt dispatching rule weighs (:func:`_rule_terms`)
+N_RULE = 6
+
+
+@njit(cache=True)
+def _rule_terms(op, g, cand, T, gdev, gmem, used, cap, avail, committed, crit, gtime, mem_scale,
+                pred_ptr, pred_src, pred_bytes, pred_ctrl, place, inv_bw, terms):
+    """Fill ``terms[d]`` for each candidate device d of op, each in µs and relative to the
+    other candidates, so that a rule learnt on one graph and cluster means the same on
+    another (device slots are interchangeable; only these relations carry over):
+
+    0. memory: the fraction of d's capacity held once op's group is on it, x ``mem_scale``;
+    1. backlog: d's work booked beyond the least booked candidate's;
+    2. slowness where it hurts: op's time on d above its fastest, x ``crit[op]`` (its
+       upward rank over the largest, 1 on the critical path);
+    3. traffic: bytes op receives from other devices if it runs on d, at the mean bandwidth;
+    4. the group's work: what the rest of op's group costs on d above its cheapest
+       candidate (0 once the group is fixed), which earliest finish alone never sees;
+    5. commitments: work of fixed groups' ops still to come on d, above the least.
+    """
+    D = T.shape[1]
+    amin, tmin, gmin, cmin = np.inf, np.inf, np.inf, np.inf
+    free = gdev[g] < 0
+    for d in range(D):
+        if cand[d]:
+            amin = min(amin, avail[d])
+            tmin = min(tmin, T[op, d])
+            cmin = min(cmin, committed[d])
+            if free:
+                gmin = min(gmin, gtime[g, d] - T[op, d])
+    for d in range(D):
+        if not cand[d]:
+            continue
+        held = used[d] + (gmem[g] if free else 0.0)
+        terms[d, 0] = mem_scale * held / cap[d] if cap[d] > 0 else 0.0
+        terms[d, 1] = avail[d] - amin
+        terms[d, 2] = (T[op, d] - tmin) * crit[op]
+        x = 0.0
+        for k in range(pred_ptr[op], pred_ptr[op + 1]):
+            if not pred_ctrl[k] and place[pred_src[k]] != d:
+                x += pred_bytes[k]
+        terms[d, 3] = x * inv_bw
+        terms[d, 4] = (gtime[g, d] - T[op, d] - gmin) if free else 0.0
+        terms[d, 5] = committed[d] - cmin
 
 
 @njit(cache=True)
