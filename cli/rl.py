@@ -8,6 +8,7 @@ or with ``--budget-evals 1`` places it zero-shot (the greedy placement).
 
 from __future__ import annotations
 
+import math
 import time
 
 import click
@@ -37,7 +38,9 @@ def rl():
                 help="Clusters (gdp: any sizes up to 16 devices; other policies: one device count); "
                      "repeatable, or comma-separated.")
 @out_option("Folder to save the policy in.", required=True, folder=True)
-@click.option("--policy", default="gdp", show_default=True, help="seq2seq, hierarchical or gdp.")
+@click.option("--policy", default="gdp", show_default=True,
+              help="seq2seq, hierarchical or gdp; or rule: the dispatching rule of `search --method dispatch` "
+                   "(no TensorFlow; --samples rules per generation).")
 @budget_options(seconds_help="Stop after this many seconds (default 120 when no budget is given).",
                 evals_help="Stop after this many simulated placements (samples x graphs per step).",
                 seconds_old=("--seconds",))
@@ -47,14 +50,16 @@ def rl():
               help="Placements per graph and step.")
 @click.option("--per-step", "per_step", type=click.IntRange(min=1), default=None,
               help="Problems (graph x cluster) sampled per step, in rotation (default: all).")
+@click.option("--rules", type=click.IntRange(min=1), default=3, show_default=True,
+              help="--policy rule: how many rules the portfolio may hold besides HEFT.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--logdir", type=click.Path(file_okay=False), default=None, help="TensorBoard scalars and checkpoints.")
 @click.option("--force", is_flag=True, help="Replace a policy already saved in OUT.")
 @json_option
 @quiet_option
 @notes_compiles
-def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps, samples, per_step, seed, logdir,
-             force, as_json, quiet):
+def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps, samples, per_step, rules, seed,
+             logdir, force, as_json, quiet):
     """Train one policy on several graphs at once and save it to OUT.
 
     The per-problem residual logits are off here, so everything the policy learns is in
@@ -67,8 +72,8 @@ def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps,
     from placetool.rl.policies import POLICIES  # no TensorFlow yet
     from placetool.search import Problem
 
-    if policy not in POLICIES:  # before the graphs load and TensorFlow starts (7-9 s)
-        raise UserError(f"rl pretrain: --policy {policy!r}: unknown policy (known: {', '.join(POLICIES)})")
+    if policy not in POLICIES and policy != "rule":  # before the graphs load and TensorFlow starts (7-9 s)
+        raise UserError(f"rl pretrain: --policy {policy!r}: unknown policy (known: {', '.join(POLICIES)}, rule)")
     check_writable(out, "--out", folder=True)
     if not force and any((Path(out) / f).exists() for f in ("policy.json", "weights.npz")):
         # a pre-trained policy may have taken hours: replacing it is asked for, not assumed
@@ -87,6 +92,10 @@ def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps,
         cl = presets.load_cluster(c)
         for g in graphs:
             problems.append(Problem(CostModel(presets.load_graph(g), cl)))
+    recipe = {"graphs": graphs, "clusters": clusters, "policy": policy, "steps": steps, "seconds": budget_seconds,
+              "evals": budget_evals, "samples": samples, "per_step": per_step, "seed": seed}
+    if policy == "rule":
+        return _pretrain_rule(problems, out, {**recipe, "rules": rules}, as_json, quiet)
     nd = {p.n_devices for p in problems}
     if len(nd) > 1 and policy != "gdp":
         raise UserError(f"rl pretrain: clusters {', '.join(clusters)} have different device counts {sorted(nd)}; "
@@ -129,9 +138,7 @@ def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps,
         a = pol.assignment(t.atoms, pol.greedy(t.obs))[0]
         greedy[f"{t.problem.graph.name}@{t.problem.cluster.name}"] = float(t.problem.cost_model.simulate(a).step_time_us)
     summary["greedy_step_us"] = greedy
-    summary["recipe"] = {"graphs": graphs, "clusters": clusters, "policy": policy, "steps": steps,
-                         "seconds": budget_seconds, "evals": budget_evals, "samples": samples, "per_step": per_step,
-                         "seed": seed}
+    summary["recipe"] = recipe
     trainer.policy.save(out, extra=summary)
     result = {"out": out, "policy": policy, **summary}
     if as_json:
@@ -141,3 +148,32 @@ def pretrain(graphs, clusters, out, policy, budget_seconds, budget_evals, steps,
                f"{summary['seconds']:.1f} s")
     for k, v in greedy.items():
         click.echo(f"  {k:<30} greedy {fmt_us(v)}")
+
+
+def _pretrain_rule(problems, out, recipe, as_json, quiet):
+    """``rl pretrain --policy rule``: the portfolio of :mod:`placetool.rl.rule`."""
+    from placetool.rl.rule import pretrain as pretrain_rules
+    from placetool.search.dispatch import TERMS, write_rules
+
+    t0 = time.perf_counter()
+
+    def progress(rule, gen, s):
+        if not (as_json or quiet):
+            click.echo(f"rule {rule} generation {gen:4d}  {time.perf_counter() - t0:7.1f} s  portfolio "
+                       f"{math.exp(s['score']):.4f}x HEFT's step time (geometric mean over {s['problems']} problems)",
+                       err=True)
+
+    w, summary = pretrain_rules(problems, rules=recipe["rules"], seconds=recipe["seconds"], evals=recipe["evals"],
+                                generations=recipe["steps"], population=recipe["samples"], seed=recipe["seed"],
+                                progress=progress)
+    path = write_rules(out, w, {"training": summary, "recipe": recipe})
+    result = {"out": str(out), "policy": "rule", **summary, "rules_kept": summary["rules"],
+              "rules": [dict(zip(TERMS, row)) for row in w.tolist()]}
+    if as_json:
+        emit_json(result)
+        return
+    click.echo(f"saved {len(w)} dispatching rules to {path} after {summary['evaluations']} placements, "
+               f"{summary['seconds']:.1f} s: with HEFT, {summary['vs_heft']:.4f}x HEFT's step time "
+               f"(geometric mean over {summary['problems']} problems)")
+    for i, row in enumerate(w.tolist(), 1):
+        click.echo(f"  rule {i}: " + ", ".join(f"{k} {v:.4f}" for k, v in zip(TERMS, row)))

@@ -101,7 +101,7 @@ def test_sa_on_a_memory_tight_problem_returns_a_feasible_placement_faster_than_t
 
 
 # ----------------------------------------------- memory-constrained list schedulers
-LIST_SCHEDULERS = ["m-topo", "m-etf", "m-sct", "heft", "critical-path"]
+LIST_SCHEDULERS = ["m-topo", "m-etf", "m-sct", "heft", "critical-path", "dispatch"]
 
 
 def copy_fills_the_gpu() -> Problem:
