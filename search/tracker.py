@@ -106,6 +106,14 @@ class Tracker:
         now = work_clock()
         return now >= self._deadline or (self.budget.seconds is not None and now - self.t0 >= self.budget.seconds)
 
+    def seconds_left(self) -> float:
+        """Seconds until :meth:`done` turns true by the clock (the innermost
+        :meth:`sub_budget` or the budget); inf when no clock bounds the search."""
+        end = self._deadline
+        if self.budget.seconds is not None:
+            end = min(end, self.t0 + self.budget.seconds)
+        return end - work_clock() if end != np.inf else np.inf
+
     def deadline(self) -> float:
         """The :func:`~placetool.costmodel.jitclock.work_clock` reading at which the
         innermost :meth:`sub_budget` ends (or the budget, if sooner); inf outside a
