@@ -64,7 +64,7 @@ def test_rl_pretrain_unknown_policy_is_refused_before_tensorflow_loads(tmp_path)
     code, err = _without_tf("rl", "pretrain", "-g", "synthetic-40", "-c", "k80x2", "-o", tmp_path / "pol",
                             "--policy", "foo")
     assert code == 2 and err == [
-        "placetool: error: rl pretrain: --policy 'foo': unknown policy (known: seq2seq, hierarchical, gdp)",
+        "placetool: error: rl pretrain: --policy 'foo': unknown policy (known: seq2seq, hierarchical, gdp, rule)",
         "TF=False"], err
     assert not (tmp_path / "pol").exists()
 

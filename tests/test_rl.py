@@ -635,15 +635,16 @@ def test_loo_advantage_of_a_lone_sample_is_zero(tiny):
 
 @pytest.mark.timeout(120)
 def test_rl_ends_normally_when_the_budget_leaves_its_last_step_one_sample(monkeypatch):
-    """Evaluation budgets that cut rl's last step to one sample (52 from scratch, 53
-    fine-tuning, here) once raised a TypeError at the very end and lost the result."""
+    """Evaluation budgets that cut rl's last step to one sample (60 from scratch, 61
+    fine-tuning, here, where the warm start's seeding methods take the first ones) once
+    raised a TypeError at the very end and lost the result."""
     from placetool.rl.trainer import Trainer
 
     p = Problem(CostModel(presets.load_graph("synthetic-160"), presets.load_cluster("k80x4")))
     sizes, real = [], Trainer.advantages
     monkeypatch.setattr(Trainer, "advantages", lambda self, task, r: sizes.append(len(r)) or real(self, task, r))
     for options in ({}, {"init_from": "gdp"}):
-        for n in range(50, 56):
+        for n in range(58, 64):
             r = run("rl", p, Budget(evals=n), seed=0, **options)
             assert r.evaluations == n and p.is_valid(r.assignment) and np.isfinite(r.step_time_us)
     assert 1 in sizes  # the budgets above did cut a step to a lone sample
