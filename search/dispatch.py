@@ -151,15 +151,14 @@ def schedule_with(weights):
 @register("dispatch", seed_rank=5, summary="HEFT and learnt dispatching rules pre-trained over many graphs "
                               "(data/policies/dispatch), the fastest placement kept; memory-constrained")
 def dispatch(problem, budget, seed, tracker, policy: str = DEFAULT_RULE, links: str = "queued"):
-    """HEFT, then HEFT with each rule of ``policy`` added to its device choice; the
-    fastest placement is the result (see the module docstring)."""
+    """HEFT with each rule of ``policy`` added to its device choice, then HEFT itself;
+    the fastest placement is the result (see the module docstring)."""
     rules = read_rules(policy)
     # the rules first, in the order they were learnt (on the training set HEFT was the
-    # best of the four on 9 problems of 36), so that a budget that ends early has tried them;
-    # each is scheduled in full, memory rounds and all, once started
+    # best of the four on 9 problems of 36), so that a budget that ends early has tried them
     order = [*range(1, len(rules.weights) + 1), 0]
-    # a schedule started runs to the end of its first memory round: none is started
-    # in less time than the last one took
+    # a schedule once started runs at least its first memory round whatever the budget:
+    # none is started with less time left than the last one took
     metas, took = [], 0.0
     for i in order:
         if metas and (tracker.done() or tracker.seconds_left() < took):
