@@ -49,7 +49,7 @@ from placetool.costmodel.jitclock import work_clock
 
 from .errors import SearchError
 from .listsched import _schedule_variants
-from .listsched_kernels import N_RULE
+from .rule_kernels import N_RULE
 from .registry import register
 
 #: the rule's terms, in the order of its weights

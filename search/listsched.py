@@ -54,7 +54,9 @@ import numpy as np
 from placetool.costmodel.jitclock import work_clock
 
 from .errors import SearchError
-from .listsched_kernels import N_RULE, downward_rank, eft_schedule, etf_schedule, upward_rank
+from .listsched_kernels import eft_schedule, etf_schedule
+from .ranks import downward_rank, upward_rank
+from .rule_kernels import N_RULE
 from .problem import accelerators, fallback_device, gpu_group_time, group_memory_bytes
 from .registry import Positive, register
 from .tracker import BudgetExhausted, score

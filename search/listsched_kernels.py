@@ -4,7 +4,8 @@
   time, into idle gaps (HEFT, CPOP);
 - :func:`etf_schedule`: earliest task first, each device's ready ops in two heaps
   (m-ETF, m-SCT);
-- :func:`upward_rank`, :func:`downward_rank`: the priorities;
+- (their priorities are in :mod:`placetool.search.ranks`, a learnt rule's terms in
+  :mod:`placetool.search.rule_kernels`);
 - the pieces they share: data-ready times by the papers' model
   (:func:`_data_ready`) or the simulator's transfers on link timelines
   (:func:`_transfer_ready`, :func:`_link_timelines`, :func:`_link_book`,
@@ -24,6 +25,7 @@ from numba import njit, objmode
 
 from placetool.costmodel.jitclock import work_clock
 from placetool.search.heaps import heap_pop, heap_push
+from placetool.search.rule_kernels import N_RULE, _rule_terms
 
 
 # --------------------------------------------------------------------- heaps
@@ -246,41 +248,6 @@ def _may_go(op, d, g, T, gdev, gmem, used, cap, preferred, cand):
     return cand[d]
 
 
-@njit(cache=True)
-def upward_rank(order, wbar, succ_ptr, succ_dst, succ_bytes, succ_ctrl, mean_lat, mean_inv_bw):
-    """rank_u(i) = wbar(i) + max over successors j of (cbar(i, j) + rank_u(j))."""
-    n = len(order)
-    r = np.zeros(n)
-    for ii in range(n - 1, -1, -1):
-        v = order[ii]
-        m = 0.0
-        for k in range(succ_ptr[v], succ_ptr[v + 1]):
-            c = 0.0 if succ_ctrl[k] else mean_lat + succ_bytes[k] * mean_inv_bw
-            t = c + r[succ_dst[k]]
-            if t > m:
-                m = t
-        r[v] = wbar[v] + m
-    return r
-
-
-@njit(cache=True)
-def downward_rank(order, wbar, pred_ptr, pred_src, pred_bytes, pred_ctrl, mean_lat, mean_inv_bw):
-    """rank_d(j) = max over predecessors i of (rank_d(i) + wbar(i) + cbar(i, j))."""
-    n = len(order)
-    r = np.zeros(n)
-    for ii in range(n):
-        v = order[ii]
-        m = 0.0
-        for k in range(pred_ptr[v], pred_ptr[v + 1]):
-            p = pred_src[k]
-            c = 0.0 if pred_ctrl[k] else mean_lat + pred_bytes[k] * mean_inv_bw
-            t = r[p] + wbar[p] + c
-            if t > m:
-                m = t
-        r[v] = m
-    return r
-
-
 # -------------------------------------------------------- EFT (HEFT, CPOP)
 @njit(cache=True)
 def _used_indeg(gdev, gmem, pred_ptr, n, D):
@@ -415,52 +382,6 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
             if indeg[w] == 0:
                 size = heap_push(k1, k2, ids, size, -prio[w], rank[w], w)
     return place, start, finish, fallbacks
-
-
-#: how many terms a learnt dispatching rule weighs (:func:`_rule_terms`)
-N_RULE = 6
-
-
-@njit(cache=True)
-def _rule_terms(op, g, cand, T, gdev, gmem, used, cap, avail, committed, crit, gtime, mem_scale,
-                pred_ptr, pred_src, pred_bytes, pred_ctrl, place, inv_bw, terms):
-    """Fill ``terms[d]`` for each candidate device d of op, each in µs and relative to the
-    other candidates, so that a rule learnt on one graph and cluster means the same on
-    another (device slots are interchangeable; only these relations carry over):
-
-    0. memory: the fraction of d's capacity held once op's group is on it, x ``mem_scale``;
-    1. backlog: d's work booked beyond the least booked candidate's;
-    2. slowness where it hurts: op's time on d above its fastest, x ``crit[op]`` (its
-       upward rank over the largest, 1 on the critical path);
-    3. traffic: bytes op receives from other devices if it runs on d, at the mean bandwidth;
-    4. the group's work: what the rest of op's group costs on d above its cheapest
-       candidate (0 once the group is fixed), which earliest finish alone never sees;
-    5. commitments: work of fixed groups' ops still to come on d, above the least.
-    """
-    D = T.shape[1]
-    amin, tmin, gmin, cmin = np.inf, np.inf, np.inf, np.inf
-    free = gdev[g] < 0
-    for d in range(D):
-        if cand[d]:
-            amin = min(amin, avail[d])
-            tmin = min(tmin, T[op, d])
-            cmin = min(cmin, committed[d])
-            if free:
-                gmin = min(gmin, gtime[g, d] - T[op, d])
-    for d in range(D):
-        if not cand[d]:
-            continue
-        held = used[d] + (gmem[g] if free else 0.0)
-        terms[d, 0] = mem_scale * held / cap[d] if cap[d] > 0 else 0.0
-        terms[d, 1] = avail[d] - amin
-        terms[d, 2] = (T[op, d] - tmin) * crit[op]
-        x = 0.0
-        for k in range(pred_ptr[op], pred_ptr[op + 1]):
-            if not pred_ctrl[k] and place[pred_src[k]] != d:
-                x += pred_bytes[k]
-        terms[d, 3] = x * inv_bw
-        terms[d, 4] = (gtime[g, d] - T[op, d] - gmin) if free else 0.0
-        terms[d, 5] = committed[d] - cmin
 
 
 @njit(cache=True)

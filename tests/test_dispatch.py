@@ -15,7 +15,7 @@ from placetool.costmodel.errors import UserError
 from placetool.search import Budget, Problem, SearchError, run
 from placetool.search.dispatch import TERMS, read_rules, write_rules
 from placetool.search.listsched import _Data
-from placetool.search.listsched_kernels import N_RULE
+from placetool.search.rule_kernels import N_RULE
 
 from .helpers import cluster, nxgraph
 
