@@ -38,13 +38,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from placetool.costmodel.errors import atomic_write
 from placetool.costmodel.jitclock import work_clock
 
 from .errors import SearchError
@@ -116,25 +115,16 @@ def read_rules(name_or_path) -> Rules:
 
 
 def write_rules(folder, weights, meta: dict | None = None) -> Path:
-    """Write ``folder/policy.json`` whole or not at all (a temporary file renamed)."""
+    """Write ``folder/policy.json`` whole or not at all (:func:`atomic_write`)."""
     w = np.asarray(weights, np.float64)
     w = w.reshape(-1, N_RULE) if w.size else w.reshape(0, N_RULE)
     if w.ndim != 2 or not np.isfinite(w).all():
         raise ValueError(f"a dispatching rule has {N_RULE} finite weights, got {weights!r}")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     doc = {"format": FORMAT, "version": VERSION, "terms": list(TERMS), "weights": [[float(x) for x in row] for row in w],
            **(meta or {})}
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".policy.", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, folder / "policy.json")
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return folder / "policy.json"
+    path = Path(folder) / "policy.json"
+    atomic_write(path, json.dumps(doc, indent=1) + "\n")
+    return path
 
 
 def schedule_with(weights):
