@@ -25,7 +25,7 @@ from numba import njit, objmode
 
 from placetool.costmodel.jitclock import work_clock
 from placetool.search.heaps import heap_pop, heap_push
-from placetool.search.rule_kernels import N_RULE, _rule_terms
+from placetool.search.rule_kernels import _rule_terms
 
 
 # --------------------------------------------------------------------- heaps
@@ -302,7 +302,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
     arrive, link_s, link_e, link = _link_timelines(tensor_bytes.shape[0], in_tensor.shape[0], D, queued)
     learnt = np.any(rule != 0.0)
     committed = np.zeros(D)  # work of fixed groups' ops not scheduled yet
-    terms = np.zeros((D, N_RULE))
+    extra = np.zeros(D)  # the rule's weighted terms per candidate; stays 0 for HEFT
     fallbacks = 0
     steps = 0
     while size > 0:
@@ -314,7 +314,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
         fallbacks += _candidates(op, g, T, gdev, gmem, used, cap, forced[op], cand)
         if learnt:
             _rule_terms(op, g, cand, T, gdev, gmem, used, cap, avail, committed, crit, gtime, mem_scale,
-                        pred_ptr, pred_src, pred_bytes, pred_ctrl, place, inv_bw, terms)
+                        pred_ptr, pred_src, pred_bytes, pred_ctrl, place, inv_bw, rule, extra)
         bf, bs, bd, bi = np.inf, 0.0, np.int64(-1), np.int64(0)  # int64: see etf_schedule
         best = np.inf
         for d in range(D):
@@ -348,10 +348,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
                         break
                     s = max(ready, slot_e[d, i])
             f = s + dur
-            score = f
-            if learnt:
-                for k in range(N_RULE):
-                    score += rule[k] * terms[d, k]
+            score = f + extra[d]
             if score < best:
                 best, bf, bs, bd, bi = score, f, s, d, pos
         d = bd

@@ -12,8 +12,9 @@ N_RULE = 6
 
 @njit(cache=True)
 def _rule_terms(op, g, cand, T, gdev, gmem, used, cap, avail, committed, crit, gtime, mem_scale,
-                pred_ptr, pred_src, pred_bytes, pred_ctrl, place, inv_bw, terms):
-    """Fill ``terms[d]`` for each candidate device d of op, each in µs and relative to the
+                pred_ptr, pred_src, pred_bytes, pred_ctrl, place, inv_bw, rule, extra):
+    """Set ``extra[d]`` to the sum of ``rule``'s weights times these terms for each
+    candidate device d of op, each term in µs and relative to the
     other candidates, so that a rule learnt on one graph and cluster means the same on
     another (device slots are interchangeable; only these relations carry over):
 
@@ -40,13 +41,13 @@ def _rule_terms(op, g, cand, T, gdev, gmem, used, cap, avail, committed, crit, g
         if not cand[d]:
             continue
         held = used[d] + (gmem[g] if free else 0.0)
-        terms[d, 0] = mem_scale * held / cap[d] if cap[d] > 0 else 0.0
-        terms[d, 1] = avail[d] - amin
-        terms[d, 2] = (T[op, d] - tmin) * crit[op]
         x = 0.0
         for k in range(pred_ptr[op], pred_ptr[op + 1]):
             if not pred_ctrl[k] and place[pred_src[k]] != d:
                 x += pred_bytes[k]
-        terms[d, 3] = x * inv_bw
-        terms[d, 4] = (gtime[g, d] - T[op, d] - gmin) if free else 0.0
-        terms[d, 5] = committed[d] - cmin
+        extra[d] = (rule[0] * (mem_scale * held / cap[d] if cap[d] > 0 else 0.0)
+                    + rule[1] * (avail[d] - amin)
+                    + rule[2] * (T[op, d] - tmin) * crit[op]
+                    + rule[3] * x * inv_bw
+                    + rule[4] * ((gtime[g, d] - T[op, d] - gmin) if free else 0.0)
+                    + rule[5] * (committed[d] - cmin))
