@@ -26,7 +26,9 @@ row. A quiet machine is assumed: timings and anytime curves move with the load.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -61,6 +63,7 @@ def untrained(seed: int) -> str:
     k = read_rules("dispatch").weights.shape
     w = np.maximum(np.random.default_rng(seed).normal(0.0, INIT_STD, size=k), 0.0)
     folder = Path(tempfile.mkdtemp(prefix="untrained-rules-"))
+    atexit.register(shutil.rmtree, folder, True)
     return str(write_rules(folder, w, {"untrained_seed": seed}).parent)
 
 
