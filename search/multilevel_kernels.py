@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .heaps import heap_pop, heap_push
+
 
 @njit(cache=True)
 def heavy_edge_matching(xadj, adjncy, ew, order, pattern, vw, vmem, lo, hi, max_vw, max_mem, max_span):
@@ -56,49 +58,6 @@ def heavy_edge_matching(xadj, adjncy, ew, order, pattern, vw, vmem, lo, hi, max_
 
 
 @njit(cache=True)
-def _push(keys, vals, base, size, key, val):
-    """Push onto the min-heap held in ``keys/vals[base:base + size]``; returns the new size."""
-    j = size
-    while j > 0:
-        p = (j - 1) >> 1
-        if keys[base + p] > key:
-            keys[base + j] = keys[base + p]
-            vals[base + j] = vals[base + p]
-            j = p
-        else:
-            break
-    keys[base + j] = key
-    vals[base + j] = val
-    return size + 1
-
-
-@njit(cache=True)
-def _pop(keys, vals, base, size):
-    """Remove the root of the heap in ``keys/vals[base:base + size]``; returns (its value,
-    the new size). A sift-down, the mirror of :func:`_push`'s sift-up."""
-    top = vals[base]
-    size -= 1
-    key, val = keys[base + size], vals[base + size]
-    j = 0
-    while True:
-        c = 2 * j + 1
-        if c >= size:
-            break
-        if c + 1 < size and keys[base + c + 1] < keys[base + c]:
-            c += 1
-        if keys[base + c] < key:
-            keys[base + j] = keys[base + c]
-            vals[base + j] = vals[base + c]
-            j = c
-        else:
-            break
-    if size > 0:
-        keys[base + j] = key
-        vals[base + j] = val
-    return top, size
-
-
-@njit(cache=True)
 def sticky_segments(rank, succ_ptr, succ, n_pred, cluster, n_clusters, w, tau):
     """Cut the ops into runs that become the coarse graph's ops: a topological order
     that stays in the current op's cluster while the cluster has a ready op (its lowest
@@ -114,19 +73,23 @@ def sticky_segments(rank, succ_ptr, succ, n_pred, cluster, n_clusters, w, tau):
     for v in range(n):
         count[cluster[v] + 1] += 1
     base = np.cumsum(count)  # cluster c's heap lives in [base[c], base[c + 1])
+    # heaps of (rank, op) -> op: ranks are distinct, so the op is only the heaps' tie key
     ckeys = np.empty(n, np.int64)
+    cties = np.empty(n, np.int64)
     cvals = np.empty(n, np.int64)
     csize = np.zeros(n_clusters, np.int64)
     gkeys = np.empty(n, np.int64)
+    gties = np.empty(n, np.int64)
     gvals = np.empty(n, np.int64)
     gsize = 0
     done = np.zeros(n, np.bool_)
     seg = np.full(n, -1, np.int64)
     for v in range(n):
         if indeg[v] == 0:
-            gsize = _push(gkeys, gvals, 0, gsize, rank[v], v)
+            gsize = heap_push(gkeys, gties, gvals, gsize, rank[v], v, v)
             c = cluster[v]
-            csize[c] = _push(ckeys, cvals, base[c], csize[c], rank[v], v)
+            b = base[c]
+            csize[c] = heap_push(ckeys[b:], cties[b:], cvals[b:], csize[c], rank[v], v, v)
     cur = -1
     nseg = 0
     segw = 0.0
@@ -134,13 +97,16 @@ def sticky_segments(rank, succ_ptr, succ, n_pred, cluster, n_clusters, w, tau):
         v = -1
         if cur >= 0:
             # each op sits in both heaps; the one it was taken from second is skipped
+            b = base[cur]
             while csize[cur] > 0:
-                u, csize[cur] = _pop(ckeys, cvals, base[cur], csize[cur])
+                u = cvals[b]
+                csize[cur] = heap_pop(ckeys[b:], cties[b:], cvals[b:], csize[cur])
                 if not done[u]:
                     v = u
                     break
         while v < 0 and gsize > 0:
-            u, gsize = _pop(gkeys, gvals, 0, gsize)
+            u = gvals[0]
+            gsize = heap_pop(gkeys, gties, gvals, gsize)
             if not done[u]:
                 v = u
         if v < 0:
@@ -157,7 +123,8 @@ def sticky_segments(rank, succ_ptr, succ, n_pred, cluster, n_clusters, w, tau):
             u = succ[k]
             indeg[u] -= 1
             if indeg[u] == 0:
-                gsize = _push(gkeys, gvals, 0, gsize, rank[u], u)
+                gsize = heap_push(gkeys, gties, gvals, gsize, rank[u], u, u)
                 cu = cluster[u]
-                csize[cu] = _push(ckeys, cvals, base[cu], csize[cu], rank[u], u)
+                b = base[cu]
+                csize[cu] = heap_push(ckeys[b:], cties[b:], cvals[b:], csize[cu], rank[u], u, u)
     return seg, nseg
