@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UserError
+from .errors import UserError, read_parsed
 
 FORMAT = "placetool.timeline"
 VERSION = 1
@@ -127,12 +127,8 @@ def load(src, graph) -> Recording:
     if isinstance(src, dict):
         d = src
     else:
-        try:
-            d = json.loads(Path(src).read_text())
-        except FileNotFoundError:
-            raise TimelineError(f"{src}: no such timeline file") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise TimelineError(f"{src}: not a timeline file ({type(e).__name__}: {e})") from None
+        d = read_parsed(Path(src), lambda p: json.loads(p.read_text()), TimelineError, "timeline",
+                        "not a timeline file", (UnicodeDecodeError, json.JSONDecodeError, RecursionError))
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise TimelineError(f"{where}: not a {FORMAT} file")
     if d.get("version") != VERSION:

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from placetool.costmodel.errors import atomic_write
+from placetool.costmodel.errors import atomic_write, read_parsed
 from placetool.costmodel.jitclock import work_clock
 
 from .errors import SearchError
@@ -91,13 +91,10 @@ def read_rules(name_or_path) -> Rules:
     :data:`TERMS`, in order) and ``weights``, a list of rules, each one finite number
     per term (an empty list is HEFT alone)."""
     path = rule_path(name_or_path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SearchError(f"dispatch: no rule at {path} (give a folder written by "
-                          f"`placetool rl pretrain --policy rule`, or a bundled name such as {DEFAULT_RULE!r})") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SearchError(f"{path}: not a dispatching rule ({e})") from None
+    doc = read_parsed(path, lambda p: json.loads(p.read_text()), SearchError, "dispatching rule",
+                      "not a dispatching rule", (UnicodeDecodeError, json.JSONDecodeError, RecursionError),
+                      missing=f"dispatch: no rule at {path} (give a folder written by `placetool rl pretrain "
+                              f"--policy rule`, or a bundled name such as {DEFAULT_RULE!r})")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SearchError(f"{path}: field 'format' must be {FORMAT!r}")
     if doc.get("version") != VERSION:
