@@ -146,13 +146,13 @@ def dispatch(problem, budget, seed, tracker, policy: str = DEFAULT_RULE, links: 
     order = [*range(1, len(rules.weights) + 1), 0]
     # a schedule once started runs at least its first memory round whatever the budget:
     # none is started with less time left than the last one took
-    metas, took = [], 0.0
+    metas, took, datas = [], 0.0, {}  # datas: each device set's scheduler data, built once
     for i in order:
         if metas and (tracker.done() or tracker.seconds_left() < took):
             break
         w = rules.weights[i - 1] if i else np.zeros(N_RULE)
         before, t = tracker.best_assignment, work_clock()
-        meta = _schedule_variants(problem, tracker, schedule_with(w), links)
+        meta = _schedule_variants(problem, tracker, schedule_with(w), links, datas)
         took = work_clock() - t
         metas.append((i, meta, tracker.best_assignment is not before))
     # the last schedule that moved the tracker's best gave the result

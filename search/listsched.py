@@ -148,10 +148,15 @@ class _Data:
             self.mean_inv_bw = float((1.0 / self.bw[off]).mean())
         else:
             self.mean_lat = self.mean_inv_bw = 0.0
+        self._rank_u = self._rule_cache = None  # computed on first use
 
     def rank_u(self):
-        return upward_rank(self.order, self.wbar, self.succ_ptr, self.succ_dst, self.succ_bytes,
-                           self.succ_ctrl, self.mean_lat, self.mean_inv_bw)
+        """HEFT's upward ranks, computed once: every memory round and every rule of a
+        portfolio schedules in the same order (callers read the array, never write it)."""
+        if self._rank_u is None:
+            self._rank_u = upward_rank(self.order, self.wbar, self.succ_ptr, self.succ_dst, self.succ_bytes,
+                                       self.succ_ctrl, self.mean_lat, self.mean_inv_bw)
+        return self._rank_u
 
     def rank_d(self):
         return downward_rank(self.order, self.wbar, self.pred_ptr, self.pred_src, self.pred_bytes,
@@ -180,7 +185,7 @@ class _Data:
         """What a learnt rule's terms read: each op's upward rank over the largest, the
         groups' work per device (0 where a group may not go) and the memory term's scale,
         the largest upward rank (a step time's order of magnitude)."""
-        if getattr(self, "_rule_cache", None) is None:
+        if self._rule_cache is None:
             ru = self.rank_u()
             top = float(ru.max()) if len(ru) else 0.0
             crit = ru / top if top > 0 else np.zeros_like(ru)
@@ -315,7 +320,7 @@ def _planned(problem, a, links: str) -> float:
     return float(finish.max()) if len(finish) else 0.0
 
 
-def _schedule_variants(problem, tracker, schedule, links: str = "queued") -> dict:
+def _schedule_variants(problem, tracker, schedule, links: str = "queued", datas: dict | None = None) -> dict:
     """Run ``schedule(data) -> (gdev, out, extra)`` per device set, each until its
     placement fits in memory by the simulator (:func:`_memory_rounds`), and describe
     the run the tracker found best: the makespan its schedule planned (``planned_us``)
@@ -324,10 +329,16 @@ def _schedule_variants(problem, tracker, schedule, links: str = "queued") -> dic
     Memory-constrained by the simulator's account, not the estimate's: where no round
     fits, the placement least over capacity is repaired (:func:`_fit_memory`), and
     failing that m-TOPO's is taken (:func:`_topo_fitted`), so the result fits whenever
-    m-TOPO's does (budget permitting). ``memory_fit`` says which it was."""
+    m-TOPO's does (budget permitting). ``memory_fit`` says which it was. ``datas`` (a
+    dict kept by the caller, or None) holds each device set's :class:`_Data` from one
+    call to the next, for callers that schedule one problem several ways."""
     runs = []  # (assignment, (gpu_only, out, extra), EvalResult)
     for gpu_only in _variants(problem):
-        data = _Data(problem, gpu_only, links)
+        data = None if datas is None else datas.get(gpu_only)
+        if data is None:
+            data = _Data(problem, gpu_only, links)
+            if datas is not None:
+                datas[gpu_only] = data
         data.deadline = tracker.deadline()
 
         def attempt(cap, data=data, gpu_only=gpu_only):
