@@ -378,8 +378,6 @@ def with_transfer_params(cluster, params: dict, kinds=("cpu",)):
     """
     from dataclasses import replace
 
-    from .cluster import Cluster
-
     D = cluster.n_devices
     fit = np.array([d.kind in kinds for d in cluster.devices])
     devices = [replace(d, send_us=params["send_us"], send_us_per_byte=params["send_us_per_byte"],
@@ -393,7 +391,8 @@ def with_transfer_params(cluster, params: dict, kinds=("cpu",)):
              + np.where(fit, params["recv_us_per_byte"], 0.0)[None, :])
     pb = np.maximum(link_pb - moved, 0.1 * link_pb)
     bw = np.divide(1.0, pb, out=np.full((D, D), np.inf), where=pb > 0)
-    return Cluster(cluster.name, devices, lat, bw, dict(cluster.metadata), cluster.link_queue)
+    return replace(cluster, devices=devices, latency_us=lat, bandwidth_bytes_per_us=bw,
+                   metadata=dict(cluster.metadata))
 
 
 def unfitted_cluster(cluster, profile=None, kinds=("cpu",)):
@@ -401,8 +400,6 @@ def unfitted_cluster(cluster, profile=None, kinds=("cpu",)):
     latency and bandwidth (the profile's lone-transfer timings, where it has them) and no
     device-side transfer cost on devices of ``kinds``: what a refit starts from."""
     from dataclasses import replace
-
-    from .cluster import Cluster
 
     lat = np.array(cluster.latency_us, np.float64)
     bw = np.array(cluster.bandwidth_bytes_per_us, np.float64)
@@ -414,7 +411,8 @@ def unfitted_cluster(cluster, profile=None, kinds=("cpu",)):
             bw[a, b] = float(link["bandwidth_bytes_per_us"])
     zero = dict.fromkeys(("send_us", "send_us_per_byte", "recv_us", "recv_us_per_byte"), 0.0)
     devices = [replace(d, **zero) if d.kind in kinds else d for d in cluster.devices]
-    return Cluster(cluster.name, devices, lat, bw, dict(cluster.metadata), cluster.link_queue)
+    return replace(cluster, devices=devices, latency_us=lat, bandwidth_bytes_per_us=bw,
+                   metadata=dict(cluster.metadata))
 
 
 @dataclass

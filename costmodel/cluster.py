@@ -23,6 +23,7 @@ A cluster file looks like::
     bandwidth_bytes_per_us = 1.2e4
 
     # queue = "fifo"                     # optional: "fifo" (default) or "none", see below
+    # send = "eager"                     # optional: "eager" (default) or "idle", see below
 
     [[links.pairs]]                      # optional overrides, one direction each
     src = "gpu:0"
@@ -41,6 +42,14 @@ per direction serves them (a GPU's host copies: benchmarks/gpu_copy_engines.py);
 each takes its own latency + bytes / bandwidth from when it is sent, whatever else is in
 flight, as gRPC serves the RecvTensor calls of TensorFlow workers side by side (traced
 steps: docs/explain.md).
+
+``links.send`` says when a tensor leaves its source device: ``"eager"`` (the default) as
+soon as its producer ends (after the device's send task, where it has a send cost);
+``"idle"``, only once the source device has no ready op left: every transfer gets a send
+task, even of zero time, that the device runs after all its ready ops. So a TensorFlow
+worker behaves, whose RecvTensor handler waits in the inter-op pool's queue behind the
+executor's own work (traced steps: a worker running a chain of ops sends nothing until
+the chain ends; benchmarks/README.md, "Transfers wait for the sender to fall idle").
 
 Units: microseconds, bytes, FLOPs.
 """
@@ -94,6 +103,8 @@ TOP_KEYS = frozenset({"name", "devices", "links", "metadata"})
 LINK_KEYS = frozenset({"latency_us", "bandwidth_bytes_per_us"})
 #: how transfers on one directed link share it (``links.queue``; see the module docstring)
 LINK_QUEUES = ("fifo", "none")
+#: when a tensor leaves its source device (``links.send``; see the module docstring)
+LINK_SENDS = ("eager", "idle")
 #: limits on a cluster file's figures: memory sums stay in int64, op and transfer times finite
 MAX_MEMORY = 1 << 60
 MAX_LATENCY_US = 1e12
@@ -124,11 +135,16 @@ class Cluster:
     metadata: dict = field(default_factory=dict)
     #: ``fifo``: transfers on one directed link run one at a time; ``none``: side by side
     link_queue: str = "fifo"
+    #: ``eager``: a tensor leaves when produced; ``idle``: when its device has no ready op
+    link_send: str = "eager"
 
     def __post_init__(self):
         if self.link_queue not in LINK_QUEUES:
             raise ClusterError(f"cluster {self.name!r}: links.queue must be one of "
                                f"{', '.join(map(repr, LINK_QUEUES))}, got {self.link_queue!r}")
+        if self.link_send not in LINK_SENDS:
+            raise ClusterError(f"cluster {self.name!r}: links.send must be one of "
+                               f"{', '.join(map(repr, LINK_SENDS))}, got {self.link_send!r}")
 
     @property
     def n_devices(self) -> int:
@@ -229,11 +245,15 @@ class Cluster:
         links = d.get("links", {})
         if not isinstance(links, dict):
             raise ClusterError(f"{source}: 'links' must be a table")
-        _known(links, {"default", "pairs", "queue"}, f"{source}: links")
+        _known(links, {"default", "pairs", "queue", "send"}, f"{source}: links")
         queue = links.get("queue", "fifo")
         if queue not in LINK_QUEUES:
             raise ClusterError(f"{source}: links.queue must be one of {', '.join(map(repr, LINK_QUEUES))}, "
                                f"got {queue!r}")
+        send = links.get("send", "eager")
+        if send not in LINK_SENDS:
+            raise ClusterError(f"{source}: links.send must be one of {', '.join(map(repr, LINK_SENDS))}, "
+                               f"got {send!r}")
         default = links.get("default")
         if not isinstance(default, dict):
             raise ClusterError(f"{source}: needs [links.default] with latency_us and bandwidth_bytes_per_us")
@@ -267,6 +287,7 @@ class Cluster:
             bandwidth_bytes_per_us=np.ascontiguousarray(bw, np.float64),
             metadata=dict(d.get("metadata", {})),
             link_queue=queue,
+            link_send=send,
         )
 
     def to_dict(self) -> dict:
@@ -305,6 +326,8 @@ class Cluster:
         }
         if self.link_queue != "fifo":
             out["links"]["queue"] = self.link_queue
+        if self.link_send != "eager":
+            out["links"]["send"] = self.link_send
         if pairs:
             out["links"]["pairs"] = pairs
         return out

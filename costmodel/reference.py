@@ -24,6 +24,10 @@ bit-identical numbers. The rules (also in docs/simulator.md):
   tensor is on the destination when the last stage ends. A send or receive stage of
   duration exactly 0 is skipped: no task is made, and the next stage starts from the
   same instant. A control edge across devices costs nothing.
+- With the cluster's ``link_send`` ``"idle"``, every transfer has a send task, even of
+  duration 0, and a device starts a send task only when it has no ready op or receive
+  task: a send task's key is ``(1, ready time, rank, tensor, destination, kind)`` against
+  ``(0, ...)`` for everything else. (``"eager"``: every key has the leading 0.)
 - Memory per device: parameter bytes of the ops placed there, always; an op's outputs
   from its start until its last local consumer has finished and its outgoing transfers
   are done (send task and link transfer; at its end if nothing consumes them); a
@@ -68,6 +72,7 @@ def simulate(graph, T, placement, cluster) -> RefResult:
     latency_us, bandwidth = cluster.latency_us, cluster.bandwidth_bytes_per_us
     devs = cluster.devices
     fifo = cluster.link_queue == "fifo"
+    idle_sends = cluster.link_send == "idle"
     p = [int(x) for x in placement]
     rank = [int(x) for x in graph.topo_rank]
     tensor_op = [int(x) for x in graph.tensor_op]
@@ -96,7 +101,7 @@ def simulate(graph, T, placement, cluster) -> RefResult:
     peak = list(mem)
     busy = [0.0] * D
 
-    ready = [[] for _ in range(D)]  # heaps of (ready time, rank, tensor, destination, kind, op or transfer)
+    ready = [[] for _ in range(D)]  # heaps of (class, ready time, rank, tensor, destination, kind, op or transfer)
     running = [False] * D
     link_queue = {}  # (src, dst) -> list of transfer ids, FIFO
     link_busy = {}
@@ -110,7 +115,7 @@ def simulate(graph, T, placement, cluster) -> RefResult:
 
     for op in range(n):
         if missing[op] == 0:
-            heapq.heappush(ready[p[op]], (0.0, rank[op], -1, -1, OP, op))
+            heapq.heappush(ready[p[op]], (0, 0.0, rank[op], -1, -1, OP, op))
 
     def send_time(x):
         t, s = transfers[x][0], transfers[x][1]
@@ -122,12 +127,12 @@ def simulate(graph, T, placement, cluster) -> RefResult:
 
     def task_key(x, kind, now):
         t, dst = transfers[x][0], transfers[x][2]
-        return (now, rank[tensor_op[t]], t, dst, kind, x)
+        return (int(idle_sends and kind == SEND), now, rank[tensor_op[t]], t, dst, kind, x)
 
     def input_arrived(op, now):
         missing[op] -= 1
         if missing[op] == 0:
-            heapq.heappush(ready[p[op]], (now, rank[op], -1, -1, OP, op))
+            heapq.heappush(ready[p[op]], (0, now, rank[op], -1, -1, OP, op))
 
     def dispatch(now):
         for d in range(D):
@@ -192,7 +197,7 @@ def simulate(graph, T, placement, cluster) -> RefResult:
                 else:
                     x = copy_of[(t, dc)] = len(transfers)
                     transfers.append([t, d, dc, 0.0, 0.0, 1])
-                    if send_time(x) == 0:
+                    if send_time(x) == 0 and not idle_sends:
                         to_link(x)
                     else:
                         heapq.heappush(ready[d], task_key(x, SEND, now))

@@ -12,9 +12,10 @@ from placetool.search import Problem
 
 
 def cluster(n_devices=2, latency=1.0, bandwidth=10.0, memory=1 << 40, kinds=None, name="test", link_queue="fifo",
-            **transfer_costs):
+            link_send="eager", **transfer_costs):
     """A cluster with uniform links (``link_queue``: do transfers on a link wait for
-    each other); device 0 is a CPU unless kinds say otherwise.
+    each other; ``link_send``: does a tensor leave only once its device is idle); device
+    0 is a CPU unless kinds say otherwise.
 
     ``transfer_costs``: send_us, send_us_per_byte, recv_us, recv_us_per_byte, each one
     number for every device or a list with one per device.
@@ -29,7 +30,8 @@ def cluster(n_devices=2, latency=1.0, bandwidth=10.0, memory=1 << 40, kinds=None
         "name": name,
         "devices": [{"name": f"d{i}", "kind": k, "memory_bytes": m, **costs[i]}
                     for i, (k, m) in enumerate(zip(kinds, mem))],
-        "links": {"default": {"latency_us": latency, "bandwidth_bytes_per_us": bandwidth}, "queue": link_queue},
+        "links": {"default": {"latency_us": latency, "bandwidth_bytes_per_us": bandwidth}, "queue": link_queue,
+                  "send": link_send},
     })
 
 
@@ -97,7 +99,8 @@ def cost_models(min_ops=1, max_ops=24, min_devices=1, max_devices=4, max_param=5
                                 ("recv_us", [0.0, 1.0, 3.0]), ("recv_us_per_byte", [0.0, 2.0**-6])):
                 costs[key] = [draw(st.sampled_from(values)) for _ in range(D)]
         c = cluster(D, kinds=["gpu"] * D, memory=draw(st.sampled_from(memories)), name="h",
-                    link_queue=draw(st.sampled_from(["fifo", "none"])), **costs)
+                    link_queue=draw(st.sampled_from(["fifo", "none"])),
+                    link_send=draw(st.sampled_from(["eager", "idle"])), **costs)
         c.latency_us[:] = [[draw(st.sampled_from([0.0, 1.0, 2.0])) for _ in range(D)] for _ in range(D)]
         c.bandwidth_bytes_per_us[:] = [[draw(st.sampled_from([1.0, 10.0, 100.0])) for _ in range(D)]
                                        for _ in range(D)]

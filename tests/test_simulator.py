@@ -83,6 +83,34 @@ def test_link_queue_round_trips_and_is_checked(tmp_path):
         cluster(link_queue="lifo")
 
 
+def test_link_send_round_trips_and_is_checked(tmp_path):
+    c = cluster(link_send="idle")
+    assert Cluster.from_dict(c.to_dict()).link_send == "idle"
+    assert "send" not in cluster().to_dict()["links"]
+    c.save(tmp_path / "c.toml")
+    assert Cluster.load(tmp_path / "c.toml").link_send == "idle"
+    with pytest.raises(Exception, match="links.send must be one of 'eager', 'idle', got 'late'"):
+        cluster(link_send="late")
+
+
+@pytest.mark.parametrize("send_us, send, want_b, want_task", [
+    (0.0, "eager", 21.0, None), (0.0, "idle", 31.0, (20.0, 20.0)),
+    (3.0, "eager", 24.0, (10.0, 13.0)), (3.0, "idle", 34.0, (20.0, 23.0))])
+def test_an_idle_send_waits_until_the_sender_has_no_ready_op(send_us, send, want_b, want_task):
+    """a (d0, 0..10) feeds b on d1 (100 bytes: link 1 + 100/10 = 11 µs) and the chain
+    c (5 µs) -> e (5 µs) on d0. eager: the tensor leaves at 10 (after a send task of
+    send_us, which goes before c: producer rank first), b starts at 21 (24 with the 3 µs
+    task). idle: d0 runs c 10..15 and e 15..20 first, then the send task (of 0 or 3 µs),
+    so the link runs 20..31 (23..34) and b starts there."""
+    cm = model({"a": 100, "b": 1, "c": 1, "e": 1}, [("a", "b"), ("a", "c"), ("c", "e")],
+               [[10, 10], [1, 1], [5, 5], [5, 5]], latency=1.0, bandwidth=10.0, link_send=send, send_us=send_us)
+    r = run(cm, [0, 1, 0, 0])
+    assert r.trace.op_start[1] == want_b and r.step_time_us == want_b + 1
+    assert r.trace.tasks() == ([] if want_task is None else [("send", 0, 0, *want_task)])
+    idle_first = send == "idle" or send_us == 0
+    assert list(r.trace.op_start[2:]) == ([10.0, 15.0] if idle_first else [13.0, 18.0])
+
+
 def test_chain_on_one_device_is_the_sum_of_its_ops():
     cm = model({"a": 4, "b": 4, "c": 4}, [("a", "b"), ("b", "c")], [[1, 1], [2, 2], [3, 3]])
     r = run(cm, [1, 1, 1])

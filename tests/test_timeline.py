@@ -226,7 +226,7 @@ def _unqueued_models():
 
             from placetool.costmodel import CostModel
 
-            c = replace(cm.cluster, link_queue="none",
+            c = replace(cm.cluster, link_queue="none", link_send="eager",
                         devices=[replace(x, send_us=0.0, send_us_per_byte=0.0, recv_us=0.0, recv_us_per_byte=0.0)
                                  for x in cm.cluster.devices])
             cm = CostModel(cm.graph, c, op_times=cm.T)

@@ -16,7 +16,7 @@ from numba import njit
 from .queues import readyq_sort
 from .state import (CK_LINK_BUSY, CK_LINK_HEAD, CK_LINK_TAIL, CK_OP_MISSING, CK_OP_OUT_REFS, CK_X_NEXT, CK_X_REFS,
                     CKF_MAKESPAN, CKF_NEXT_T, CKF_NOW, CKI_CLEAN, CKI_EPOCH, CKI_N_EV, CKI_N_TASKS, CKI_N_X,
-                    CKI_TASK_OFF, CKI_WM, CKI_WO, LOW, SC_EPOCH, SC_N_EV, SC_N_X, SF_MAKESPAN, SF_NOW, set_bases)
+                    CKI_TASK_OFF, CKI_WM, CKI_WO, EPOCH, LOW, SC_EPOCH, SC_N_EV, SC_N_X, SF_MAKESPAN, SF_NOW, set_bases)
 
 
 @njit(cache=True, inline="always")
@@ -90,7 +90,7 @@ def save(ck, j, w, placement, now, epoch, clean, n_ev, n_x, makespan, wm, wo):
             ck.tq_k1[k] = w.tq_k1[a]
             ck.tq_k2[k] = w.tq_k2[a]
             ck.tq_id[k] = w.tq_id[a]
-            ck.tq_ready[k] = w.epoch_time[w.tq_k1[a] >> 32]
+            ck.tq_ready[k] = w.epoch_time[(w.tq_k1[a] >> 32) & EPOCH]
             k += 1
     # transfers
     alive = 0
@@ -153,7 +153,7 @@ def restore(net, w, ck, base, j, placement):
             w.tq_k1[a] = ck.tq_k1[k]
             w.tq_k2[a] = ck.tq_k2[k]
             w.tq_id[a] = ck.tq_id[k]
-            w.epoch_time[ck.tq_k1[k] >> 32] = ck.tq_ready[k]
+            w.epoch_time[(ck.tq_k1[k] >> 32) & EPOCH] = ck.tq_ready[k]
             k += 1
     w.epoch_time[ck.i[j, CKI_EPOCH]] = ck.f[j, CKF_NOW]
     w.rq_unsorted[:] = False  # save sorted the slices it stored
@@ -229,7 +229,7 @@ def _same_queues(ck, j, w):
             found = False
             for f in range(k, k + w.tq_size[d]):
                 if ck.tq_k2[f] == w.tq_k2[a]:
-                    found = ck.tq_ready[f] == w.epoch_time[w.tq_k1[a] >> 32]
+                    found = ck.tq_ready[f] == w.epoch_time[(w.tq_k1[a] >> 32) & EPOCH]
                     break
             if not found:
                 return False

@@ -35,6 +35,11 @@ from numba import njit
 U64 = np.uint64
 #: the low half of a ready key: the op's rank
 LOW = np.int64(0xFFFFFFFF)
+#: the bit an idle send's task key carries (cluster.link_send "idle"): it sorts after every
+#: receive task and above every op key, so the device runs it only with nothing else ready
+SEND_LAST = np.int64(1) << np.int64(62)
+#: a task key's epoch is ``(key >> 32) & EPOCH`` (epochs stay far below 2**30)
+EPOCH = np.int64((1 << 30) - 1)
 
 # Named slots of the small arrays that carry scalars (numba folds these global ints).
 # ``Work.sc``, int64: the loop's integer state between calls
@@ -103,8 +108,9 @@ class Net(NamedTuple):
     latency: np.ndarray  # float64 [D, D]
     bandwidth: np.ndarray  # float64 [D, D]
     xcost: np.ndarray  # float64 [4, D]: rows SEND_US, SEND_US_PER_BYTE, RECV_US, RECV_US_PER_BYTE
-    has_tasks: bool  # some device has a nonzero send/receive cost
+    has_tasks: bool  # some device has a nonzero send/receive cost, or sends wait for an idle device
     fifo_links: bool  # transfers on one link run one at a time (cluster.link_queue "fifo"), else side by side
+    idle_sends: bool  # a transfer leaves only when its device has no ready op (cluster.link_send "idle")
 
 
 def make_net(graph, cluster, T) -> Net:
@@ -116,14 +122,16 @@ def make_net(graph, cluster, T) -> Net:
         return np.ascontiguousarray(x, dt)
 
     xcost = np.ascontiguousarray(cluster.transfer_costs(), np.float64)
+    idle_sends = cluster.link_send == "idle"
     return Net(
         T=a(T, np.float64), rank=a(graph.topo_rank), topo_order=a(graph.topo_order),
         out_bytes=a(graph.out_bytes, np.int64), tensor_op=a(graph.tensor_op),
         tensor_bytes=a(graph.tensor_bytes, np.int64), op_tensor_ptr=a(c.op_tensor_ptr), tensor_ptr=a(c.tensor_ptr),
         tensor_cons=a(c.tensor_cons), ctrl_ptr=a(c.ctrl_ptr), ctrl_dst=a(c.ctrl_dst), in_ptr=a(c.in_ptr),
         in_tensor=a(c.in_tensor), n_inputs=a(c.n_inputs), latency=a(cluster.latency_us, np.float64),
-        bandwidth=a(cluster.bandwidth_bytes_per_us, np.float64), xcost=xcost, has_tasks=bool(np.any(xcost != 0)),
-        fifo_links=cluster.link_queue == "fifo",
+        bandwidth=a(cluster.bandwidth_bytes_per_us, np.float64), xcost=xcost,
+        has_tasks=bool(np.any(xcost != 0)) or idle_sends, fifo_links=cluster.link_queue == "fifo",
+        idle_sends=idle_sends,
     )
 
 
