@@ -98,34 +98,39 @@ def devices(a, log):
     return tb.spec, tb
 
 
-def calibrate_for(t, spec, a, log, link_queue="auto", fit_inputs=None):
+def calibrate_for(t, spec, a, log, link_queue="auto", fit_inputs=None, link_send="auto"):
     from placetool.costmodel.tf.calibrate import DEFAULT_SIZES, calibrate
 
     sizes = [x for x in DEFAULT_SIZES if x <= a.max_transfer]
     return calibrate([t], spec, sizes=sizes, trace_steps=a.trace_steps, reps=a.reps, log=log,
-                     split_steps=a.steps, rounds=a.rounds, link_queue=link_queue, fit_inputs=fit_inputs)
+                     split_steps=a.steps, rounds=a.rounds, link_queue=link_queue, link_send=link_send,
+                     fit_inputs=fit_inputs)
 
 
 def models_for(t, spec, a, log):
-    """{links.queue: (CostModel, profile, transfer fit summary)}: one calibration, its
-    transfer costs fitted under each rule of ``--link-queue`` to the same measured steps."""
+    """{"queue/send": (CostModel, profile, transfer fit summary)}: one calibration, its
+    transfer costs fitted under each pair of rules of ``--link-queue`` and ``--link-send``
+    to the same measured steps."""
     from dataclasses import replace
 
     from placetool.costmodel import CostModel
     from placetool.costmodel.calibration import fit_transfer_costs, with_transfer_params
 
-    rules = ["none", "fifo"] if a.link_queue == "both" else [a.link_queue]
+    queues = ["none", "fifo"] if a.link_queue == "both" else [a.link_queue]
+    sends = ["idle", "eager"] if a.link_send == "both" else [a.link_send]
     fit_in = {}
-    profile, cl = calibrate_for(t, spec, a, log, rules[0], fit_in)
-    out = {cl.link_queue: (CostModel(t.graph, cl, profile=profile), profile, profile.meta.get("transfer_fit", {}))}
-    for q in rules[1:]:
-        if not fit_in:
-            break
-        base = replace(fit_in["cluster"], link_queue=q)
-        fit = fit_transfer_costs(fit_in["samples"], base, profile, kinds=fit_in["kinds"])
-        log(f"  links.queue {q}: the same steps fitted: {fit.params}")
-        out[q] = (CostModel(t.graph, with_transfer_params(base, fit.params, fit_in["kinds"]), profile=profile),
-                  profile, fit.summary())
+    profile, cl = calibrate_for(t, spec, a, log, queues[0], fit_in, sends[0])
+    out = {f"{cl.link_queue}/{cl.link_send}": (CostModel(t.graph, cl, profile=profile), profile,
+                                               profile.meta.get("transfer_fit", {}))}
+    for q in queues:
+        for snd in sends:
+            if f"{q}/{snd}" in out or not fit_in:
+                continue
+            base = replace(fit_in["cluster"], link_queue=q, link_send=snd)
+            fit = fit_transfer_costs(fit_in["samples"], base, profile, kinds=fit_in["kinds"])
+            log(f"  links.queue {q}, links.send {snd}: the same steps fitted: {fit.params}")
+            out[f"{q}/{snd}"] = (CostModel(t.graph, with_transfer_params(base, fit.params, fit_in["kinds"]),
+                                           profile=profile), profile, fit.summary())
     return out
 
 
@@ -194,8 +199,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-transfer", type=int, default=4 * 2 ** 20, help="calibration: largest lone transfer, bytes")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-sentinel", action="store_true", help="plain interleaved rounds, no reference step")
-    ap.add_argument("--link-queue", choices=["auto", "fifo", "none", "both"], default="both",
+    ap.add_argument("--link-queue", choices=["auto", "fifo", "none", "both"], default="none",
                     help="the calibrated cluster's links.queue; both: fit the same measured steps under each "
+                         "rule and judge both on the same measurements")
+    ap.add_argument("--link-send", choices=["auto", "eager", "idle", "both"], default="both",
+                    help="the calibrated cluster's links.send; both: fit the same measured steps under each "
                          "rule and judge both on the same measurements (default)")
     ap.add_argument("--replay", action="store_true", help="also trace and replay one step of every placement")
     ap.add_argument("--replay-steps", type=int, default=3, help="traced steps per placement for --replay (median)")
@@ -242,7 +250,7 @@ def main(argv=None) -> int:
     secs = time.perf_counter() - t_start
     out = {"rows": rows, "devices": spec.tf_devices, "seconds": secs,
            "settings": {"rounds": a.rounds, "steps": a.steps, "placements": a.placements, "seed": a.seed,
-                        "link_queue": a.link_queue}}
+                        "link_queue": a.link_queue, "link_send": a.link_send}}
     if a.rows_out:
         with open(a.rows_out, "w") as f:
             json.dump({"summary": out, "placements": detail}, f, indent=1)
@@ -250,13 +258,13 @@ def main(argv=None) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print()
-    print(f"{'graph':<44} {'queue':<5} {'ops':>5} {'pl':>4} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} "
+    print(f"{'graph':<44} {'rules':<10} {'ops':>5} {'pl':>4} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} "
           f"{'best':>5} {'noise±%':>8} {'sentinel±%':>10} {'ratio|err|%':>11} {'replay|err|%':>12} {'fit%':>6} "
           f"{'held%':>6}")
     for r in rows:
         f = r["calibration_fit_median_abs_error_pct"]
         h = r["calibration_held_out_median_abs_error_pct"]
-        print(f"{r['graph']:<44} {r['link_queue']:<5} {r['ops']:>5} {r['placements']:>4} "
+        print(f"{r['graph']:<44} {r['rules']:<10} {r['ops']:>5} {r['placements']:>4} "
               f"{r['median_abs_error_pct']:>9.1f} {r['max_abs_error_pct']:>9.1f} {r['kendall_tau']:>6.2f} "
               f"{('yes' if r['best_agrees'] else 'no'):>5} {r['noise_floor_pct']:>8.1f} "
               f"{_num(r.get('sentinel_noise_floor_pct')):>10} {_num(r.get('ratio_median_abs_error_pct')):>11} "
@@ -267,19 +275,19 @@ def main(argv=None) -> int:
 
 
 def judge_model(s, q, t, cm, profile, fit, cands, reps, sent, replays, detail, log) -> dict:
-    """One graph's row for the model whose links.queue is ``q``: its predictions of every
-    measured placement (appended to ``detail``) against the measurements."""
+    """One graph's row for the model whose rules (links.queue/links.send) are ``q``: its
+    predictions of every measured placement (appended to ``detail``) against the measurements."""
     pred, meas = [], []
     pred_ref = None
     first = len(detail)
-    log(f"  links.queue {q}:")
+    log(f"  links.queue/send {q}:")
     for k, ((label, p), m) in enumerate(zip(cands, reps)):
         sim = cm.simulate(p).step_time_us
         pr = sim + profile.step_overhead(len(np.unique(p)))
         pred.append(pr)
         meas.append(m.step_us)
         pred_ref = pr if k == 0 else pred_ref
-        detail.append({"graph": s, "link_queue": q, "placement": label, "devices_used": int(len(np.unique(p))),
+        detail.append({"graph": s, "rules": q, "placement": label, "devices_used": int(len(np.unique(p))),
                        "predicted_us": pr, "simulated_us": sim, "measured_us": m.step_us,
                        "spread_pct": m.spread_pct, "round_us": m.round_us,
                        "error_pct": 100 * (pr - m.step_us) / m.step_us})
@@ -296,7 +304,9 @@ def judge_model(s, q, t, cm, profile, fit, cands, reps, sent, replays, detail, l
                if sent is not None else "")
             + (f"  replay {detail[-1]['replay_fifo_error_pct']:+.1f}% / concurrent "
                f"{detail[-1]['replay_concurrent_error_pct']:+.1f}%" if replays is not None else ""))
-    return {"graph": s, "link_queue": q, "ops": t.graph.n_ops, "placements": len(cands), **score(pred, meas),
+    queue, send = q.split("/")
+    return {"graph": s, "rules": q, "link_queue": queue, "link_send": send, "ops": t.graph.n_ops,
+            "placements": len(cands), **score(pred, meas),
             "noise_floor_pct": float(np.median([m.spread_pct for m in reps])),
             "calibration_fit_median_abs_error_pct": fit.get("fit", {}).get("median_abs_error_pct"),
             "calibration_held_out_median_abs_error_pct": fit.get("held_out", {}).get("median_abs_error_pct"),

@@ -301,11 +301,15 @@ def testbed_status(state, as_json):
 @click.option("--link-queue", type=click.Choice(["auto", "fifo", "none"]), default="auto", show_default=True,
               help="Do transfers on one link wait for each other (links.queue)? auto: not between TF worker "
                    "processes (gRPC runs them side by side), one at a time on this process's own devices.")
+@click.option("--link-send", type=click.Choice(["auto", "eager", "idle"]), default="auto", show_default=True,
+              help="When does a tensor leave its device (links.send)? auto: idle between TF worker processes "
+                   "(a worker serves transfers only with no op of its own ready), eager on this process's "
+                   "own devices.")
 @quiet_option
 @json_option
 def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, testbed_device, cluster_spec,
               local, out, cluster_out, trace_steps, reps, max_transfer, split_steps, rounds, max_noise,
-              refuse_noisy, name, link_queue, quiet, as_json):
+              refuse_noisy, name, link_queue, link_send, quiet, as_json):
     """Measure op times and links on real devices; write a profile and a cluster file."""
     require_tf()
     cluster_out = cluster_out or str(Path(out).with_suffix(".toml"))
@@ -327,7 +331,8 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
     with devices(testbed_n, testbed_device, cluster_spec, local, timeout_s, log) as spec:
         profile, cluster = run_calibration(traced, spec, sizes=sizes, trace_steps=trace_steps, reps=reps,
                                            name=name, log=log, timeout_s=timeout_s, split_steps=split_steps,
-                                           rounds=rounds, max_noise_pct=max_noise, link_queue=link_queue)
+                                           rounds=rounds, max_noise_pct=max_noise, link_queue=link_queue,
+                                           link_send=link_send)
     noisy = profile.meta.get("noisy")
     if noisy and refuse_noisy:
         click.echo(f"placetool: {noisy}; nothing written (--refuse-noisy)", err=True)
@@ -343,6 +348,7 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
         "links": [{k: l[k] for k in ("src", "dst", "latency_us", "bandwidth_bytes_per_us")} for l in profile.links],
         "fitted_op_types": {k: len(v) for k, v in profile.fits.items()},
         "link_queue": cluster.link_queue,
+        "link_send": cluster.link_send,
         "transfer_fit": profile.meta.get("transfer_fit"),
         "noisy": noisy,
     }

@@ -169,6 +169,12 @@ class Profile:
                 continue
             by_op[name] = [graph.op_types[i], float(us), float(graph.flops[i]), int(moved[i])]
 
+    def scale_ops(self, kind: str, graph_name: str, factor: float) -> None:
+        """Multiply the per-op medians of ``graph_name`` on ``kind`` by ``factor`` and refit."""
+        for row in self.ops.get(kind, {}).get(graph_name, {}).values():
+            row[1] = float(row[1]) * factor
+        self.refit()
+
     def refit(self, min_samples: int = 1) -> None:
         """Fit every op type of every kind from the recorded medians, plus ``"*"`` (all ops)."""
         self.fits = {}

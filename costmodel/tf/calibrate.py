@@ -168,14 +168,17 @@ def step_overheads(spec: ClusterSpec, reps: int = 15, timeout_s: float = 60.0) -
 def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: int = 5,
               reps: int = 9, memory_bytes: dict | None = None, name: str = "calibrated",
               log=print, timeout_s: float = 300.0, split_steps: int = 3, rounds: int = 3,
-              max_noise_pct: float = 10.0, link_queue: str = "auto",
+              max_noise_pct: float = 10.0, link_queue: str = "auto", link_send: str = "auto",
               fit_inputs: dict | None = None) -> tuple[Profile, Cluster]:
     """Measure everything and return (profile, cluster); see the module docstring.
 
     ``link_queue``: the cluster's ``links.queue``; ``auto`` is ``none`` for TF worker
     processes (gRPC serves their transfers side by side: traced steps, docs/explain.md)
     and ``fifo`` for this process's own devices (a GPU's copy engine serves one copy at a
-    time per direction). ``fit_inputs``, a dict, receives what the transfer fit was made
+    time per direction). ``link_send``: the cluster's ``links.send``; ``auto`` is ``idle``
+    for TF worker processes (a worker's RecvTensor handler waits behind its executor's own
+    work: traced steps, benchmarks/README.md) and ``eager`` in this process, where a
+    tensor is handed over when produced. ``fit_inputs``, a dict, receives what the transfer fit was made
     from (``samples``, the ``cluster`` before it, ``kinds``), so the same measured steps
     can be fitted again under another rule.
 
@@ -206,7 +209,9 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
     lat, bw = _time_links(spec, names, profile, sizes, reps, timeout_s, log)
     if link_queue == "auto":
         link_queue = "none" if spec.workers else "fifo"
-    cluster = _cluster(name, names, spec, profile, lat, bw, memory_bytes or {}, link_queue)
+    if link_send == "auto":
+        link_send = "idle" if spec.workers else "eager"
+    cluster = _cluster(name, names, spec, profile, lat, bw, memory_bytes or {}, link_queue, link_send)
     if split_steps > 0 and D > 1:
         cluster = _fit_transfers(traced_list, spec, profile, cluster, split_steps, rounds, timeout_s,
                                  max_noise_pct, fit_inputs, log)
@@ -289,6 +294,7 @@ def _fit_transfers(traced_list, spec: ClusterSpec, profile: Profile, cluster: Cl
                                    warmup=2, timeout_s=timeout_s)
         for (label, p, held), m in zip(designs, reps):
             samples.append(StepSample(t.graph, p, m.step_us, m.spread_pct, label, held))
+    _anchor_op_times(traced_list, samples, profile, cluster, kinds, log)
     log(f"fitting transfer costs to {sum(not s.held_out for s in samples)} steps "
         f"({sum(s.held_out for s in samples)} held out) ...")
     if fit_inputs is not None:
@@ -317,6 +323,37 @@ def _fit_transfers(traced_list, spec: ClusterSpec, profile: Profile, cluster: Cl
         profile.meta["noisy"] = msg
         log("WARNING: " + msg)
     return cluster
+
+
+#: op times are rescaled only when the single-device steps measured among the designs
+#: differ from their prediction by more than this (%)
+ANCHOR_MIN_PCT = 2.0
+
+
+def _anchor_op_times(traced_list, samples, profile, cluster, kinds, log) -> None:
+    """Scale each graph's profiled op times so that its one-device step, predicted, is
+    the one-device step measured among the designed splits (untraced, interleaved with
+    them): traced op durations carry the tracer's cost, and the profile's steps ran
+    before the workers settled (towers: profiled at 91 ms, measured at 82 ms later in
+    the same run). The op times keep their proportions; ``profile.meta["graphs"][name]
+    ["op_time_scale"]`` records the factor."""
+    from placetool.costmodel import CostModel
+
+    for t in traced_list:
+        g = t.graph
+        one = [s for s in samples if s.graph is g and s.label.startswith("single:")]
+        if not one:
+            continue
+        cm = CostModel(g, cluster, profile=profile)
+        over = profile.step_overhead(1)
+        ratios = [(s.measured_us - over) / cm.simulate(s.placement).step_time_us for s in one]
+        factor = float(np.median(ratios))
+        if not np.isfinite(factor) or factor <= 0 or abs(factor - 1) * 100 <= ANCHOR_MIN_PCT:
+            continue
+        for kind in kinds:
+            profile.scale_ops(kind, g.name, factor)
+        profile.meta["graphs"].setdefault(g.name, {})["op_time_scale"] = factor
+        log(f"  {g.name}: op times scaled by {factor:.3f} to the one-device steps measured among the designs")
 
 
 def _pct(x) -> str:
@@ -374,7 +411,7 @@ def designed_splits(graph, spec: ClusterSpec, seed: int = 12345) -> list[tuple[s
     return [(label, p, i % 3 == 2) for i, (label, p) in enumerate(out)]
 
 
-def _cluster(name, names, spec, profile, lat, bw, memory_bytes, link_queue="fifo") -> Cluster:
+def _cluster(name, names, spec, profile, lat, bw, memory_bytes, link_queue="fifo", link_send="eager") -> Cluster:
     D = len(names)
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -408,7 +445,7 @@ def _cluster(name, names, spec, profile, lat, bw, memory_bytes, link_queue="fifo
         "devices": devices,
         "links": {"default": {"latency_us": float(np.median(lat[off])) if D > 1 else 0.0,
                               "bandwidth_bytes_per_us": float(np.median(bw[off])) if D > 1 else 1e6},
-                  "queue": link_queue},
+                  "queue": link_queue, "send": link_send},
     }
     if pairs:
         d["links"]["pairs"] = pairs
