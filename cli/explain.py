@@ -190,6 +190,7 @@ def _print(e: dict, top: int) -> None:
     click.echo("replay (the traced op times put into the simulator), against the traced span:")
     what = {"fifo": "simulator, traced link latency (one transfer at a time per link)",
             "concurrent": "same latency, transfers side by side",
+            "idle": "side by side, each sent once its sender has no op ready",
             "traced": "each transfer its own traced delivery time",
             "cluster": "simulator with --cluster's transfer model"}
     for k, r in e["replay"].items():

@@ -40,6 +40,8 @@ FORMAT = "placetool.timeline"
 VERSION = 1
 #: transfers up to this size set a traced link's latency; larger ones its bandwidth
 SMALL_BYTES = 64 * 1024
+#: the transfer rules :func:`replay` can put under a traced step
+REPLAYS = ("fifo", "concurrent", "idle", "traced")
 
 
 class TimelineError(UserError):
@@ -455,8 +457,9 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
     calls); the two differ by what the link queue alone costs; ``"traced"`` runs the
     simulator's list schedule (:func:`list_schedule`) with each transfer taking its own
     traced delivery time, arrival - producer end (control messages too), so only op
-    order and the runtime's gaps remain unmodelled. ``ready_us`` is added to every traced op (the runtime's gap
-    per op, which op durations omit). Control edges across devices cost nothing in
+    order and the runtime's gaps remain unmodelled; None (with ``cluster``) runs the
+    simulator under the cluster's own links.queue and links.send. ``ready_us`` is added
+    to every traced op (the runtime's gap per op, which op durations omit). Control edges across devices cost nothing in
     the first two; the trace's zero-byte control messages are counted in ``control_transfers``.
 
     Returns {replay_us, measured_us (the step's traced span), error_pct, wall_us, links,
@@ -464,17 +467,20 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
     """
     from .simulate import CostModel
 
-    if links not in ("fifo", "concurrent", "traced"):
-        raise TimelineError(f"links {links!r}: expected 'fifo', 'concurrent' or 'traced'")
+    if links is None and cluster is None:
+        raise TimelineError("links None replays under a cluster's own rules: give the cluster")
+    if links is not None and links not in REPLAYS:
+        raise TimelineError(f"links {links!r}: expected one of {', '.join(map(repr, REPLAYS))}")
     st = rec.steps[step] if isinstance(step, int) else step
     g = rec.graph
     cl = traced_cluster(rec, [st]) if cluster is None else cluster
     if cl.n_devices != rec.n_devices:
         raise TimelineError(f"cluster {cl.name!r} has {cl.n_devices} devices; the timeline has {rec.n_devices}")
-    if links != "traced":  # the rule under test is the simulator's link queue
+    if links not in ("traced", None):  # the rule under test is the simulator's
         from dataclasses import replace
 
-        cl = replace(cl, link_queue="none" if links == "concurrent" else "fifo")
+        cl = replace(cl, link_queue="fifo" if links == "fifo" else "none",
+                     link_send="idle" if links == "idle" else "eager")
     dur = np.where(st.traced, st.op_us + ready_us, 0.0)
     T = np.repeat(dur[:, None], cl.n_devices, axis=1)
     cm = CostModel(g, cl, op_times=T)
@@ -594,7 +600,7 @@ def explain(rec: Recording, step: int | None = None, cluster=None) -> dict:
            "median_wire_us": float(np.median([x["wire_us"] for x in data])) if data else None,
            "simulated_transfers": simulated_transfers(rec.graph, rec.placement),
            "inflation": op_inflation(rec),
-           "replay": {m: replay(rec, k, links=m) for m in ("fifo", "concurrent", "traced")}}
+           "replay": {m: replay(rec, k, links=m) for m in REPLAYS}}
     if cluster is not None:
-        out["replay"]["cluster"] = replay(rec, k, cluster=cluster, links="fifo")
+        out["replay"]["cluster"] = replay(rec, k, cluster=cluster, links=None)
     return out

@@ -1,0 +1,257 @@
+"""Transfer costs fitted from traced timelines, judged graph by graph (leave-one-graph-out).
+
+Two phases, so the fit can be re-run without hardware:
+
+``record DIR``: on a 2-worker CPU testbed, per graph: trace it, calibrate (``placetool
+calibrate``: op profile, lone transfers, and the transfer costs fitted to whole steps of
+the designed split placements, the model this benchmark compares against), then record a
+timeline (``placetool explain``'s format: FULL_TRACE steps, untraced steps, and the ops on
+one device) of every designed split and of the search's picks on the calibrated cluster.
+Everything goes to DIR: per graph the graph file, the profile, and the timelines.
+
+``fit DIR``: no TensorFlow. Per graph, the timeline fit
+(:func:`placetool.costmodel.commfit.fit_device_costs`) on that graph's recordings alone
+(do the parameters agree from graph to graph?), pooled over all graphs, then four models
+predict every recording's untraced step: ``step_totals``, the graph's own calibration as
+recorded; ``steps_idle``, the same whole-step fit to the designed splits' untraced steps
+under ``links.send = "idle"``; ``timelines_own`` and ``timelines_logo``, the device costs
+read off this graph's timelines, or off the other graphs' only (leave-one-graph-out), on
+lone-transfer links under ``"idle"``. Columns: median and max |error| of the predicted
+step against the measured median untraced step, Kendall's tau, whether the predicted best
+is the measured best. ``--op-times recorded`` puts each device's one-device recording in
+place of the profiled op times: the communication model's error alone.
+
+    .venv/bin/python benchmarks/timeline_fit.py record /tmp/tl
+    .venv/bin/python benchmarks/timeline_fit.py fit /tmp/tl [--op-times recorded] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+DEFAULT_GRAPHS = [
+    "models:towers@256",
+    "models:inception_block@8",
+    "nmt:hidden=256,vocab=2000,src_len=8,tgt_len=8@32",
+    "mlp:hidden=1024,depth=8,features=1024@256",
+]
+SEARCHED = {"metis": None, "heft": None, "m-sct": None, "sa": 8.0}
+
+
+def _slug(s: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in s).strip("_")
+
+
+def record(a, log) -> None:
+    from accuracy import trace_graph  # the same SOURCE[@BATCH] syntax
+
+    from placetool.costmodel import CostModel
+    from placetool.costmodel.tf.calibrate import DEFAULT_SIZES, calibrate, designed_splits
+    from placetool.costmodel.tf.testbed import Testbed
+    from placetool.costmodel.tf.trace_capture import capture
+    from placetool.search import Budget, Problem, run
+
+    out = Path(a.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tb = Testbed.start(2, device="cpu", timeout_s=180)
+    try:
+        for s in a.graph or DEFAULT_GRAPHS:
+            t = trace_graph(s, log)
+            gdir = out / _slug(s)
+            gdir.mkdir(exist_ok=True)
+            t.graph.save(gdir / "graph.npz")
+            sizes = [x for x in DEFAULT_SIZES if x <= 4 * 2 ** 20]
+            profile, cl = calibrate([t], tb.spec, sizes=sizes, trace_steps=3, reps=3, log=log, split_steps=2,
+                                    rounds=3)
+            profile.save(gdir / "profile.json")
+            cm = CostModel(t.graph, cl, profile=profile)
+            cands = [(label, p) for label, p, _ in designed_splits(t.graph, tb.spec)]
+            prob = Problem(cm)
+            for m, secs in SEARCHED.items():
+                budget = Budget(seconds=secs) if secs else Budget(evals=200, seconds=20)
+                try:
+                    cands.append((m, run(m, prob, budget, seed=a.seed).placement))
+                except Exception as e:  # noqa: BLE001 - a method that does not apply is skipped, said so
+                    log(f"  ({m} skipped: {type(e).__name__})")
+            seen, single = set(), None
+            for k, (label, p) in enumerate(cands):
+                p = np.ascontiguousarray(p, np.int32)
+                if p.tobytes() in seen:
+                    continue
+                seen.add(p.tobytes())
+                t0 = time.perf_counter()
+                d = capture(t, p, tb.spec, steps=a.steps, warmup=3, single_device=0 if single is None else None)
+                single = d.get("single", single)
+                d["single"] = single
+                d["label"] = label
+                (gdir / f"{k:02d}.timeline.json").write_text(json.dumps(d))
+                log(f"  {s} {label}: untraced {np.median(d['untraced_step_us']) / 1e3:.1f} ms "
+                    f"({time.perf_counter() - t0:.1f} s)")
+    finally:
+        tb.stop()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record")
+    r.add_argument("dir")
+    r.add_argument("--graph", action="append")
+    r.add_argument("--steps", type=int, default=3, help="traced (and untraced) steps per placement")
+    r.add_argument("--seed", type=int, default=0)
+    f = sub.add_parser("fit")
+    f.add_argument("dir")
+    f.add_argument("--json", action="store_true")
+    f.add_argument("--op-times", choices=["profile", "recorded"], default="profile",
+                   help="op times of the predictions: the calibration's, or each device's one-device recording")
+    a = ap.parse_args(argv)
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    if a.cmd == "record":
+        record(a, log)
+    else:
+        fit_main(a, log)
+    return 0
+
+
+def load_dir(gdir: Path):
+    """(graph, profile, [(label, Recording)], singles {device: per-op µs}) of one graph's folder."""
+    from placetool.costmodel import graph as graphs
+    from placetool.costmodel import timeline
+    from placetool.costmodel.calibration import load_profile
+
+    g = graphs.load(gdir / "graph.npz")
+    prof = load_profile(gdir / "profile.json")
+    recs = []
+    for f in sorted(gdir.glob("*.timeline.json")):
+        recs.append((json.loads(f.read_text()).get("label", f.stem), timeline.load(f, g)))
+    singles = {}
+    for label, rec in recs:  # each device's own op times, where a one-device recording has them
+        if label.startswith("single:"):
+            singles[int(label.split(":")[1])] = np.nanmedian(np.array([s.op_us for s in rec.steps]), axis=0)
+    for label, rec in recs:
+        for d in range(rec.n_devices):
+            singles.setdefault(d, rec.single_op_us)
+    return g, prof, recs, singles
+
+
+def lone_links(prof, send="idle"):
+    """The calibrated cluster as lone transfers measured it: no device-side costs, links
+    side by side, tensors sent by ``send`` (links.send)."""
+    from dataclasses import replace
+
+    from placetool.costmodel.calibration import unfitted_cluster
+
+    return replace(unfitted_cluster(prof.cluster(), prof), link_queue="none", link_send=send)
+
+
+def fit_on(data, names):
+    from placetool.costmodel.commfit import fit_device_costs
+
+    recs, singles, labels = [], [], []
+    for name in names:
+        g, prof, rr, one = data[name]
+        for label, rec in rr:
+            recs.append(rec)
+            singles.append(one)
+            labels.append(f"{name}:{label}")
+    return fit_device_costs(recs, singles=singles, labels=labels)
+
+
+def predict(data, name, params, op_times="profile"):
+    """Predicted and measured (median untraced) step of every recording of graph ``name``:
+    params None is its own calibration (transfer costs fitted to whole steps).
+    ``op_times``: "profile" (the calibration's) or "recorded" (each device's one-device
+    recording, the profile's where it has none): the communication model's error alone."""
+    from placetool.costmodel import CostModel
+    from placetool.costmodel.commfit import with_device_costs
+
+    g, prof, recs, singles = data[name]
+    if params is None:
+        cl = prof.cluster()
+    elif params == "steps-idle":
+        cl = steps_idle_cluster(data, name)
+    else:
+        cl = with_device_costs(lone_links(prof), params)
+    cm = CostModel(g, cl, profile=prof)
+    if op_times == "recorded":
+        T = cm.T.copy()
+        for d, one in singles.items():
+            T[:, d] = np.where(np.isfinite(one), one, T[:, d])
+        cm = CostModel(g, cl, op_times=T)
+    pred, meas, labels = [], [], []
+    for label, rec in recs:
+        p = np.ascontiguousarray(rec.placement, np.int32)
+        pred.append(cm.simulate(p).step_time_us + prof.step_overhead(len(np.unique(p))))
+        meas.append(float(np.median(rec.untraced_step_us)))
+        labels.append(label)
+    return np.array(pred), np.array(meas), labels
+
+
+def steps_idle_cluster(data, name):
+    """The whole-step fit of calibrate, refitted under links.send "idle" to the same kind of
+    data: the designed splits' measured (untraced) steps, every third held out."""
+    from placetool.costmodel.calibration import StepSample, fit_transfer_costs, with_transfer_params
+
+    g, prof, recs, _ = data[name]
+    base = lone_links(prof)
+    designed = [(label, rec) for label, rec in recs if ":" in label and not label.startswith("single")]
+    samples = [StepSample(g, np.ascontiguousarray(rec.placement, np.int32), float(np.median(rec.untraced_step_us)),
+                          label=label, held_out=i % 3 == 2) for i, (label, rec) in enumerate(designed)]
+    fit = fit_transfer_costs(samples, base, prof, try_per_transfer=False)
+    return with_transfer_params(base, fit.params)
+
+
+def fit_main(a, log) -> None:
+    from accuracy import score
+
+    root = Path(a.dir)
+    data = {d.name: load_dir(d) for d in sorted(root.iterdir()) if (d / "profile.json").exists()}
+    if len(data) < 2:
+        raise SystemExit(f"{root}: recordings of at least 2 graphs needed (found {len(data)})")
+    names = list(data)
+    own = {n: fit_on(data, [n]) for n in names}
+    pooled = fit_on(data, names)
+    rows = []
+    for n in names:
+        logo = fit_on(data, [m for m in names if m != n])
+        row = {"graph": n, "own_fit": own[n].summary(), "logo_params": logo.params}
+        for what, params in (("step_totals", None), ("steps_idle", "steps-idle"), ("timelines_own", own[n].params),
+                             ("timelines_logo", logo.params)):
+            pr, me, labels = predict(data, n, params, a.op_times)
+            row[what] = score(pr, me)
+            row[what]["rows"] = [{"label": lb, "predicted_us": float(x), "measured_us": float(y)}
+                                 for lb, x, y in zip(labels, pr, me)]
+        rows.append(row)
+    agree = {k: max(own[n].params[k] for n in names) / max(min(own[n].params[k] for n in names), 1e-12)
+             for k in own[names[0]].params}
+    out = {"graphs": rows, "pooled": pooled.summary(), "max_over_min": agree}
+    if a.json:
+        for r in rows:
+            r["own_fit"].pop("placements", None)
+        print(json.dumps(out, indent=1))
+        return
+    print(f"{'graph':<46} {'send µs':>8} {'µs/MB':>8} {'recv µs':>8} {'µs/MB':>8} {'r2':>5}")
+    for n in names + ["(pooled)"]:
+        f = own[n] if n in own else pooled
+        p = f.params
+        print(f"{n:<46} {p['send_us']:>8.1f} {p['send_us_per_byte'] * 1e6:>8.1f} {p['recv_us']:>8.1f} "
+              f"{p['recv_us_per_byte'] * 1e6:>8.1f} {f.r2:>5.2f}")
+    print()
+    print(f"{'graph (held out of the timeline fit)':<46} {'model':<16} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} {'best':>5}")
+    for r in rows:
+        for what in ("step_totals", "steps_idle", "timelines_own", "timelines_logo"):
+            s = r[what]
+            print(f"{r['graph']:<46} {what:<16} {s['median_abs_error_pct']:>9.1f} {s['max_abs_error_pct']:>9.1f} "
+                  f"{s['kendall_tau']:>6.2f} {('yes' if s['best_agrees'] else 'no'):>5}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
