@@ -21,8 +21,13 @@ step against the measured median untraced step, Kendall's tau, whether the predi
 is the measured best. ``--op-times recorded`` puts each device's one-device recording in
 place of the profiled op times: the communication model's error alone.
 
+``replay DIR``: every traced step of every split recording, simulated with its own traced
+op times on the lone-transfer links (no device-side cost) under ``links.send`` "eager"
+and "idle": the error of the rules alone, against the traced span.
+
     .venv/bin/python benchmarks/timeline_fit.py record /tmp/tl
     .venv/bin/python benchmarks/timeline_fit.py fit /tmp/tl [--op-times recorded] [--json]
+    .venv/bin/python benchmarks/timeline_fit.py replay /tmp/tl
 """
 
 from __future__ import annotations
@@ -107,6 +112,8 @@ def main(argv=None) -> int:
     r.add_argument("--graph", action="append")
     r.add_argument("--steps", type=int, default=3, help="traced (and untraced) steps per placement")
     r.add_argument("--seed", type=int, default=0)
+    rp = sub.add_parser("replay")
+    rp.add_argument("dir")
     f = sub.add_parser("fit")
     f.add_argument("dir")
     f.add_argument("--json", action="store_true")
@@ -116,6 +123,8 @@ def main(argv=None) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     if a.cmd == "record":
         record(a, log)
+    elif a.cmd == "replay":
+        replay_main(a)
     else:
         fit_main(a, log)
     return 0
@@ -207,6 +216,30 @@ def steps_idle_cluster(data, name):
                           label=label, held_out=i % 3 == 2) for i, (label, rec) in enumerate(designed)]
     fit = fit_transfer_costs(samples, base, prof, try_per_transfer=False)
     return with_transfer_params(base, fit.params)
+
+
+def replay_main(a) -> None:
+    from placetool.costmodel import CostModel
+
+    print(f"{'graph':<46} {'send':<6} {'median err%':>11} {'med|err|%':>9} {'max|err|%':>9} {'within 5%':>9}")
+    for gdir in sorted(Path(a.dir).iterdir()):
+        if not (gdir / "profile.json").exists():
+            continue
+        g, prof, recs, _ = load_dir(gdir)
+        errs = {"eager": [], "idle": []}
+        for label, rec in recs:
+            if label.startswith("single"):
+                continue
+            p = np.ascontiguousarray(rec.placement, np.int32)
+            for st in rec.steps:
+                T = np.repeat(np.where(st.traced, st.op_us, 0.0)[:, None], rec.n_devices, axis=1)
+                for send, e in errs.items():
+                    ms = CostModel(g, lone_links(prof, send), op_times=T).simulate(p).step_time_us
+                    e.append(100.0 * (ms - st.span_us) / st.span_us)
+        for send, e in errs.items():
+            e = np.array(e)
+            print(f"{gdir.name:<46} {send:<6} {np.median(e):>+11.1f} {np.median(np.abs(e)):>9.1f} "
+                  f"{np.abs(e).max():>9.1f} {100 * np.mean(np.abs(e) <= 5):>8.0f}%")
 
 
 def fit_main(a, log) -> None:
