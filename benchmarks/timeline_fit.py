@@ -40,8 +40,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 DEFAULT_GRAPHS = [
     "models:towers@256",
     "models:inception_block@8",
