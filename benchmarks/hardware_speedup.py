@@ -48,6 +48,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--cluster-spec", default=None, help="a running TF cluster instead of a local testbed")
     ap.add_argument("--search-seconds", type=float, default=15.0, help="sa budget")
+    ap.add_argument("--refine", type=int, default=0, help="search --refine R: measure, refit and search again")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--trace-steps", type=int, default=3)
@@ -83,6 +84,7 @@ def main(argv=None) -> int:
             r = placetool("search", "-g", gpath, "-c", ctoml, "--profile", prof, "-m", "sa", "--budget-seconds",
                           str(a.search_seconds), "--seed", str(a.seed), "--verify-top", "3", "--cluster-spec",
                           spec_file, "--out", rec, "--json", "--no-progress",
+                          *(["--refine", str(a.refine)] if a.refine else []),
                           "--trust-graph-source", cwd=work)  # this script wrote the graph file itself
             found = json.loads(r.stdout)
             v = found["verified"]
@@ -117,6 +119,7 @@ def main(argv=None) -> int:
                 "verify_top_rows": [{key: x[key] for key in ("label", "predicted_us", "measured_us", "spread_pct")}
                                     for x in v["rows"]],
                 "sa_predicted_us": found["step_time_us"],
+                "refine": v.get("refine"),
             })
             log(f"  {v['message']}")
     finally:
