@@ -230,6 +230,36 @@ def test_transfer_fit_to_whole_steps_predicts_held_out_placements():
     assert fit.per_transfer_us == 0.0 and fit.per_transfer_note.startswith("not needed")
 
 
+def test_op_times_are_anchored_to_the_one_device_steps_measured_among_the_designs():
+    """The designs' one-device steps measured 80% of what the profile predicts (less the
+    fixed step overhead): every profiled op time is scaled by 0.8, the scale is recorded,
+    and a 1% difference is left alone."""
+    from placetool.costmodel.calibration import StepSample
+    from placetool.costmodel.tf.calibrate import _anchor_op_times
+
+    g = _towers()
+    base = make_cluster(2, latency=100.0, bandwidth=50.0, kinds=["cpu", "cpu"])
+    for measured_share, want in ((0.8, 0.8), (0.99, None)):
+        prof = Profile(devices=[], step_overhead_us=[10.0, 30.0], meta={"graphs": {}})
+        prof.add_op_medians("cpu", g, {n: 100.0 + 10 * (i % 4) for i, n in enumerate(g.names)})
+        before = CostModel(g, base, profile=prof).T.copy()
+        alone = CostModel(g, base, profile=prof).simulate(np.zeros(g.n_ops, np.int32)).step_time_us
+        samples = _samples(g, base, prof)
+        for s in samples:
+            if s.label.startswith("single:"):
+                s.measured_us = measured_share * alone + 10.0
+        _anchor_op_times([type("T", (), {"graph": g})()], samples, prof, base, ("cpu",), lambda m: None)
+        after = CostModel(g, base, profile=prof).T
+        if want is None:
+            assert np.array_equal(after, before) and "op_time_scale" not in prof.meta["graphs"].get(g.name, {})
+        else:
+            assert np.allclose(after, before * want)
+            assert prof.meta["graphs"][g.name]["op_time_scale"] == pytest.approx(want)
+            assert CostModel(g, base, profile=prof).simulate(np.zeros(g.n_ops, np.int32)).step_time_us \
+                == pytest.approx(measured_share * alone)
+    assert any(s.label.startswith("single:") for s in samples) and isinstance(samples[0], StepSample)
+
+
 def test_cluster_spec_file_and_unreachable_worker_fails_fast(tmp_path):
     from placetool.costmodel.tf.testbed import ClusterSpec, TestbedError, free_ports
 
