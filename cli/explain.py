@@ -160,6 +160,10 @@ def _print(e: dict, top: int) -> None:
         per = ", ".join(f"{e['devices'][d['device']]} x{d['ratio']:.2f}" for d in inf["devices"] if d["ratio"])
         click.echo(f"ops: {fmt_us(inf['split_us'])} in this placement against {fmt_us(inf['single_us'])} on one "
                    f"device (x{inf['ratio']:.2f}; {per}; medians over the traced steps)")
+    if e.get("stolen"):
+        click.echo("CPU the transfers took: " + ", ".join(
+            f"{e['devices'][x['device']]} {fmt_us(x['stolen_us'])} (ops grew {fmt_us(x['inflation_us'])}, idle with "
+            f"every input there {fmt_us(x['gaps_us'])})" for x in e["stolen"]))
     wire = e["median_wire_us"]
     click.echo(f"transfers: {e['n_data_transfers']} tensors"
                + (f" (median wire time {fmt_us(wire)})" if wire is not None else "")

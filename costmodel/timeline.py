@@ -577,9 +577,21 @@ def median_step(rec: Recording) -> int:
     return int(np.argsort(spans, kind="stable")[(len(spans) - 1) // 2])
 
 
+def _stolen(rec: Recording, k: int) -> list:
+    """Per device, the CPU time transfers took from it in step ``k``
+    (:func:`placetool.costmodel.commfit.stolen_cpu`); empty without a single-device trace."""
+    if rec.single_op_us is None:
+        return []
+    from .commfit import stolen_cpu
+
+    return stolen_cpu(rec, k, {d: rec.single_op_us for d in range(rec.n_devices)})
+
+
 def explain(rec: Recording, step: int | None = None, cluster=None) -> dict:
     """Everything ``placetool explain`` reports about one traced step (default: the
-    median one): :func:`breakdown`, :func:`transfers`, :func:`op_inflation` and the
+    median one): :func:`breakdown`, :func:`transfers`, :func:`op_inflation`, the CPU
+    time transfers took per device (``stolen``: op growth plus idle gaps with every input
+    there, :mod:`placetool.costmodel.commfit`) and the
     replays (the simulator's link queue, concurrent transfers, traced transfers; plus
     ``cluster``'s model when given), with the spread of the traced steps' spans."""
     k = median_step(rec) if step is None else int(step)
@@ -600,6 +612,7 @@ def explain(rec: Recording, step: int | None = None, cluster=None) -> dict:
            "median_wire_us": float(np.median([x["wire_us"] for x in data])) if data else None,
            "simulated_transfers": simulated_transfers(rec.graph, rec.placement),
            "inflation": op_inflation(rec),
+           "stolen": _stolen(rec, k),
            "replay": {m: replay(rec, k, links=m) for m in REPLAYS}}
     if cluster is not None:
         out["replay"]["cluster"] = replay(rec, k, cluster=cluster, links=None)

@@ -170,9 +170,13 @@ def test_explain_cli_reads_a_recording(capsys):
     assert e["simulated_transfers"] == 46  # every tensor the simulator sends was traced
     assert e["replay"]["fifo"]["error_pct"] == pytest.approx(505.0, abs=0.1)
     assert len(e["breakdown"]["devices"]) == 2 and len(e["transfers"]) == 53
+    # what transfers took from each core: op growth (explain's own inflation account of
+    # this step) plus the idle gaps, here 2.7 and 14.0 ms of a 30.7 ms step
+    assert [round(x["stolen_us"]) for x in e["stolen"]] == [2729, 13988]
+    assert all(x["stolen_us"] == pytest.approx(x["inflation_us"] + x["gaps_us"]) for x in e["stolen"])
     code, out, err = _call(["explain", REC, "--step", 0, "--top", 3], capsys)
     assert code == 0, err
-    assert "per device" in out and "replay" in out and "+202.5%" in out
+    assert "per device" in out and "replay" in out and "+202.5%" in out and "CPU the transfers took" in out
 
 
 @pytest.mark.parametrize("args, words", [
