@@ -178,9 +178,9 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
     time per direction). ``link_send``: the cluster's ``links.send``; ``auto`` is ``idle``
     for TF worker processes (a worker's RecvTensor handler waits behind its executor's own
     work: traced steps, benchmarks/README.md) and ``eager`` in this process, where a
-    tensor is handed over when produced. ``fit_inputs``, a dict, receives what the transfer fit was made
-    from (``samples``, the ``cluster`` before it, ``kinds``), so the same measured steps
-    can be fitted again under another rule.
+    tensor is handed over when produced. ``fit_inputs``, a dict, receives what the
+    transfer fit was made from (``samples``, the ``cluster`` before it, ``kinds``), so the
+    same measured steps can be fitted again under another rule.
 
     ``split_steps`` > 0 (and more than one device): per graph, the designed split
     placements (:func:`designed_splits`) are measured too, ``rounds`` times interleaved,
