@@ -11,10 +11,11 @@ Everything goes to DIR: per graph the graph file, the profile, and the timelines
 
 ``fit DIR``: no TensorFlow. Per graph, the timeline fit
 (:func:`placetool.costmodel.commfit.fit_device_costs`) on that graph's recordings alone
-(do the parameters agree from graph to graph?), pooled over all graphs, then four models
+(do the parameters agree from graph to graph?), pooled over all graphs, then five models
 predict every recording's untraced step: ``step_totals``, the graph's own calibration as
 recorded; ``steps_idle``, the same whole-step fit to the designed splits' untraced steps
-under ``links.send = "idle"``; ``timelines_own`` and ``timelines_logo``, the device costs
+under ``links.send = "idle"``; ``steps_idle_logo``, that fit made to the other graphs'
+designs only; ``timelines_own`` and ``timelines_logo``, the device costs
 read off this graph's timelines, or off the other graphs' only (leave-one-graph-out), on
 lone-transfer links under ``"idle"``. Columns: median and max |error| of the predicted
 step against the measured median untraced step, Kendall's tau, whether the predicted best
@@ -185,6 +186,8 @@ def predict(data, name, params, op_times="profile"):
         cl = prof.cluster()
     elif params == "steps-idle":
         cl = steps_idle_cluster(data, name)
+    elif params == "steps-idle-logo":
+        cl = steps_idle_cluster(data, name, [m for m in data if m != name])
     else:
         cl = with_device_costs(lone_links(prof), params)
     cm = CostModel(g, cl, profile=prof)
@@ -202,17 +205,29 @@ def predict(data, name, params, op_times="profile"):
     return np.array(pred), np.array(meas), labels
 
 
-def steps_idle_cluster(data, name):
+def steps_idle_cluster(data, name, fit_on=None):
     """The whole-step fit of calibrate, refitted under links.send "idle" to the same kind of
-    data: the designed splits' measured (untraced) steps, every third held out."""
-    from placetool.costmodel.calibration import StepSample, fit_transfer_costs, with_transfer_params
+    data: the designed splits' measured (untraced) steps, every third held out; fitted to
+    the designs of the graphs ``fit_on`` (default: ``name`` alone), put on ``name``'s
+    lone-transfer links."""
+    from placetool.costmodel.calibration import Profile, StepSample, fit_transfer_costs, with_transfer_params
 
-    g, prof, recs, _ = data[name]
-    base = lone_links(prof)
-    designed = [(label, rec) for label, rec in recs if ":" in label and not label.startswith("single")]
-    samples = [StepSample(g, np.ascontiguousarray(rec.placement, np.int32), float(np.median(rec.untraced_step_us)),
-                          label=label, held_out=i % 3 == 2) for i, (label, rec) in enumerate(designed)]
-    fit = fit_transfer_costs(samples, base, prof, try_per_transfer=False)
+    fit_on = fit_on or [name]
+    samples, ops = [], {}
+    for m in fit_on:
+        g, prof, recs, _ = data[m]
+        for kind, graphs in prof.ops.items():
+            ops.setdefault(kind, {}).update(graphs)
+        designed = [(label, rec) for label, rec in recs if ":" in label and not label.startswith("single")]
+        samples += [StepSample(g, np.ascontiguousarray(rec.placement, np.int32),
+                               float(np.median(rec.untraced_step_us)), label=f"{m}:{label}", held_out=i % 3 == 2)
+                    for i, (label, rec) in enumerate(designed)]
+    first = data[fit_on[0]][1]
+    merged = Profile(devices=first.devices, ops=ops, step_overhead_us=list(first.step_overhead_us),
+                     dispatch_us=dict(first.dispatch_us))
+    merged.refit()
+    base = lone_links(data[name][1])
+    fit = fit_transfer_costs(samples, base, merged, try_per_transfer=False)
     return with_transfer_params(base, fit.params)
 
 
@@ -254,7 +269,8 @@ def fit_main(a, log) -> None:
     for n in names:
         logo = fit_on(data, [m for m in names if m != n])
         row = {"graph": n, "own_fit": own[n].summary(), "logo_params": logo.params}
-        for what, params in (("step_totals", None), ("steps_idle", "steps-idle"), ("timelines_own", own[n].params),
+        for what, params in (("step_totals", None), ("steps_idle", "steps-idle"),
+                             ("steps_idle_logo", "steps-idle-logo"), ("timelines_own", own[n].params),
                              ("timelines_logo", logo.params)):
             pr, me, labels = predict(data, n, params, a.op_times)
             row[what] = score(pr, me)
@@ -278,7 +294,7 @@ def fit_main(a, log) -> None:
     print()
     print(f"{'graph (held out of the timeline fit)':<46} {'model':<16} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} {'best':>5}")
     for r in rows:
-        for what in ("step_totals", "steps_idle", "timelines_own", "timelines_logo"):
+        for what in ("step_totals", "steps_idle", "steps_idle_logo", "timelines_own", "timelines_logo"):
             s = r[what]
             print(f"{r['graph']:<46} {what:<16} {s['median_abs_error_pct']:>9.1f} {s['max_abs_error_pct']:>9.1f} "
                   f"{s['kendall_tau']:>6.2f} {('yes' if s['best_agrees'] else 'no'):>5}")
