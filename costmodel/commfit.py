@@ -80,8 +80,8 @@ def stolen_cpu(rec, step: int, singles: dict) -> list[dict]:
     """Per device of one traced step: op inflation, ready gaps and their sum (µs).
 
     ``singles``: {device: per-op µs on that device alone} (NaN where unknown; ops without
-    a figure count no inflation). The gap before an op with a remote input the trace has
-    no record of is not counted.
+    a figure count no inflation). The gap before an op with an input the trace has no
+    record of (a local op not traced, a remote tensor without ``RecvTensor``) is not counted.
     """
     st = rec.steps[step]
     g, p = rec.graph, np.asarray(rec.placement)
@@ -98,7 +98,7 @@ def stolen_cpu(rec, step: int, singles: dict) -> list[dict]:
         order = ops[np.argsort(st.op_start[ops], kind="stable")]
         gaps, free = 0.0, None
         for i in order:
-            if free is not None and not np.isnan(arrived[i]):
+            if free is not None and np.isfinite(arrived[i]) and np.isfinite(local[i]):  # inputs seen
                 ready = max(free, local[i], arrived[i])
                 gaps += max(float(st.op_start[i]) - ready, 0.0)
             free = st.op_end[i] if free is None else max(free, st.op_end[i])
