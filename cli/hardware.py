@@ -365,7 +365,8 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
     if tf_:
         p = tf_["params"]
         click.echo(f"  device time per transfer: send {p['send_us']:,.1f} µs + {p['send_us_per_byte'] * 1e6:,.1f} µs/MB, "
-                   f"receive {p['recv_us']:,.1f} µs + {p['recv_us_per_byte'] * 1e6:,.1f} µs/MB")
+                   f"receive {p['recv_us']:,.1f} µs + {p['recv_us_per_byte'] * 1e6:,.1f} µs/MB "
+                   f"(links.queue {summary['link_queue']}, links.send {summary['link_send']})")
         f, h = tf_["fit"], tf_["held_out"]
         click.echo(f"  step error: fit median {_pct(f['median_abs_error_pct'])} (max {_pct(f['max_abs_error_pct'])}, "
                    f"{f['n']} placements), held out median {_pct(h['median_abs_error_pct'])} "
