@@ -204,9 +204,9 @@ def refine(g, cl, cm, profile_path, problem, result, k, rounds, rerun, testbed_n
             f"{rec['measured_us'] / 1e3:.2f} ms ({err:+.1f}%, noise floor ±{summary['noise_floor_pct']:.1f}%); "
             f"refit on {len(samples)} steps: held-out median |error| "
             f"{fs['held_out']['median_abs_error_pct'] or 0:.1f}%")
-        if last or settled(err, summary["noise_floor_pct"], rec["measured_us"], best[0]):
-            stopped = "rounds" if not settled(err, summary["noise_floor_pct"], rec["measured_us"], best[0]) \
-                else "prediction within the noise floor"
+        done = settled(err, summary["noise_floor_pct"], rec["measured_us"], best[0])
+        if done or last:
+            stopped = "prediction within the noise floor" if done else "rounds"
             break
         cur_cm = CostModel(g, cur_cl, profile=prof)
         cur_problem = S.Problem(cur_cm)

@@ -459,8 +459,9 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
     traced delivery time, arrival - producer end (control messages too), so only op
     order and the runtime's gaps remain unmodelled; None (with ``cluster``) runs the
     simulator under the cluster's own links.queue and links.send. ``ready_us`` is added
-    to every traced op (the runtime's gap per op, which op durations omit). Control edges across devices cost nothing in
-    the first two; the trace's zero-byte control messages are counted in ``control_transfers``.
+    to every traced op (the runtime's gap per op, which op durations omit). Control edges
+    across devices cost nothing but in ``"traced"``; the trace's zero-byte control
+    messages are counted in ``control_transfers``.
 
     Returns {replay_us, measured_us (the step's traced span), error_pct, wall_us, links,
     cluster (its name), ready_us, transfers, control_transfers}.
@@ -592,8 +593,8 @@ def explain(rec: Recording, step: int | None = None, cluster=None) -> dict:
     median one): :func:`breakdown`, :func:`transfers`, :func:`op_inflation`, the CPU
     time transfers took per device (``stolen``: op growth plus idle gaps with every input
     there, :mod:`placetool.costmodel.commfit`) and the
-    replays (the simulator's link queue, concurrent transfers, traced transfers; plus
-    ``cluster``'s model when given), with the spread of the traced steps' spans."""
+    replays (:data:`REPLAYS`: the simulator's link queue, transfers side by side, sent
+    by idle workers, each its traced time; plus ``cluster``'s model when given), with the spread of the traced steps' spans."""
     k = median_step(rec) if step is None else int(step)
     if not 0 <= k < len(rec.steps):
         raise TimelineError(f"step {k}: the timeline has steps 0..{len(rec.steps) - 1}")
