@@ -377,7 +377,8 @@ def count_transfers(graph, p) -> int:
 
 def with_transfer_params(cluster, params: dict, kinds=("cpu",)):
     """``cluster`` with the device-side transfer costs of ``params`` on every device of
-    ``kinds`` and every link's latency set to ``params["latency_us"]``.
+    ``kinds`` and every link's latency set to ``params["latency_us"]`` (one figure for
+    every link, or a (D, D) matrix).
 
     A lone transfer's measured per-byte time stays what it was: the per-byte costs moved
     onto the devices (send + receive) are taken off the link's (never below 10% of it).

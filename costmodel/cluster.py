@@ -116,6 +116,15 @@ MIN_BANDWIDTH = 1e-6
 MAX_DEVICES = 1024
 
 
+def _link_rule(value, choices, field_name: str, where: str):
+    """``value`` if it is one of ``choices`` (``links.queue``, ``links.send``), else a
+    ClusterError naming ``where`` and the field."""
+    if value not in choices:
+        raise ClusterError(f"{where}: links.{field_name} must be one of {', '.join(map(repr, choices))}, "
+                           f"got {value!r}")
+    return value
+
+
 def check_device_count(n_devices: int, where: str) -> None:
     """ClusterError naming ``where`` and the limit when a cluster has more devices than
     :data:`MAX_DEVICES`."""
@@ -139,12 +148,8 @@ class Cluster:
     link_send: str = "eager"
 
     def __post_init__(self):
-        if self.link_queue not in LINK_QUEUES:
-            raise ClusterError(f"cluster {self.name!r}: links.queue must be one of "
-                               f"{', '.join(map(repr, LINK_QUEUES))}, got {self.link_queue!r}")
-        if self.link_send not in LINK_SENDS:
-            raise ClusterError(f"cluster {self.name!r}: links.send must be one of "
-                               f"{', '.join(map(repr, LINK_SENDS))}, got {self.link_send!r}")
+        _link_rule(self.link_queue, LINK_QUEUES, "queue", f"cluster {self.name!r}")
+        _link_rule(self.link_send, LINK_SENDS, "send", f"cluster {self.name!r}")
 
     @property
     def n_devices(self) -> int:
@@ -246,14 +251,8 @@ class Cluster:
         if not isinstance(links, dict):
             raise ClusterError(f"{source}: 'links' must be a table")
         _known(links, {"default", "pairs", "queue", "send"}, f"{source}: links")
-        queue = links.get("queue", "fifo")
-        if queue not in LINK_QUEUES:
-            raise ClusterError(f"{source}: links.queue must be one of {', '.join(map(repr, LINK_QUEUES))}, "
-                               f"got {queue!r}")
-        send = links.get("send", "eager")
-        if send not in LINK_SENDS:
-            raise ClusterError(f"{source}: links.send must be one of {', '.join(map(repr, LINK_SENDS))}, "
-                               f"got {send!r}")
+        queue = _link_rule(links.get("queue", "fifo"), LINK_QUEUES, "queue", source)
+        send = _link_rule(links.get("send", "eager"), LINK_SENDS, "send", source)
         default = links.get("default")
         if not isinstance(default, dict):
             raise ClusterError(f"{source}: needs [links.default] with latency_us and bandwidth_bytes_per_us")

@@ -179,20 +179,12 @@ def with_device_costs(cluster, params: dict, kinds=("cpu",)):
     from the bandwidth (each never below 10% of what it was): a lone transfer still takes
     what was measured.
     """
-    from dataclasses import replace
+    from .calibration import with_transfer_params
 
-    D = cluster.n_devices
     on = np.array([d.kind in kinds for d in cluster.devices])
-    devices = [replace(d, **params) if f else d for d, f in zip(cluster.devices, on)]
-    off = ~np.eye(D, dtype=bool)
+    off = ~np.eye(cluster.n_devices, dtype=bool)
     lat0 = np.asarray(cluster.latency_us, np.float64)
-    bw = np.asarray(cluster.bandwidth_bytes_per_us, np.float64)
-    pb0 = np.divide(1.0, bw, out=np.zeros((D, D)), where=off & np.isfinite(bw) & (bw > 0))
     per_msg = np.where(on, params["send_us"], 0.0)[:, None] + np.where(on, params["recv_us"], 0.0)[None, :]
-    per_b = (np.where(on, params["send_us_per_byte"], 0.0)[:, None]
-             + np.where(on, params["recv_us_per_byte"], 0.0)[None, :])
     lat = np.where(off, np.maximum(lat0 - per_msg, 0.1 * lat0), 0.0)
-    pb = np.maximum(pb0 - per_b, 0.1 * pb0)
-    bw = np.divide(1.0, pb, out=np.full((D, D), np.inf), where=pb > 0)
-    return replace(cluster, devices=devices, latency_us=lat, bandwidth_bytes_per_us=bw,
-                   metadata=dict(cluster.metadata))
+    # the per-byte costs come off the bandwidth as they do for a whole-step fit
+    return with_transfer_params(cluster, {**params, "latency_us": lat}, kinds)

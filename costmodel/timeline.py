@@ -583,9 +583,9 @@ def _stolen(rec: Recording, k: int) -> list:
     (:func:`placetool.costmodel.commfit.stolen_cpu`); empty without a single-device trace."""
     if rec.single_op_us is None:
         return []
-    from .commfit import stolen_cpu
+    from .commfit import _own_single, stolen_cpu
 
-    return stolen_cpu(rec, k, {d: rec.single_op_us for d in range(rec.n_devices)})
+    return stolen_cpu(rec, k, _own_single(rec))
 
 
 def explain(rec: Recording, step: int | None = None, cluster=None) -> dict:

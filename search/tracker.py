@@ -106,12 +106,17 @@ class Tracker:
         now = work_clock()
         return now >= self._deadline or (self.budget.seconds is not None and now - self.t0 >= self.budget.seconds)
 
+    def _clock_end(self) -> float:
+        """The work_clock reading at which the clock ends the search: the innermost
+        :meth:`sub_budget` or the budget's seconds, whichever comes first (inf: neither)."""
+        if self.budget.seconds is not None:
+            return min(self._deadline, self.t0 + self.budget.seconds)
+        return self._deadline
+
     def seconds_left(self) -> float:
         """Seconds until :meth:`done` turns true by the clock (the innermost
         :meth:`sub_budget` or the budget); inf when no clock bounds the search."""
-        end = self._deadline
-        if self.budget.seconds is not None:
-            end = min(end, self.t0 + self.budget.seconds)
+        end = self._clock_end()
         return end - work_clock() if end != np.inf else np.inf
 
     def deadline(self) -> float:
@@ -120,11 +125,7 @@ class Tracker:
         sub-budget, where a one-shot method always answers. A long compiled loop, which
         cannot ask :meth:`done`, is given it to stop at: a seeding method must not eat
         the search's own share."""
-        if self._deadline == np.inf:
-            return np.inf
-        if self.budget.seconds is not None:
-            return min(self._deadline, self.t0 + self.budget.seconds)
-        return self._deadline
+        return np.inf if self._deadline == np.inf else self._clock_end()
 
     @contextmanager
     def sub_budget(self, seconds: float):
