@@ -17,7 +17,7 @@ placement the simulator finds fastest, so a rule that does not suit a graph is n
 picked. The portfolio ships as ``data/policies/dispatch/policy.json``, a few rows of six
 numbers in JSON: a rule file is read as data and never runs code. Like the other list
 schedulers the method is memory-constrained by the simulator's account
-(:func:`placetool.search.listsched._schedule_variants`); ``metadata["picked"]`` says which
+(:func:`placetool.search.listsched._schedule_portfolio`); ``metadata["picked"]`` says which
 rule (1, 2, ...; 0: HEFT) gave the result. HEFT is scheduled last: under a seconds budget
 the rules are tried first. Among the starting points of sa, tpe and rl it comes after
 ``heft`` (its own first schedules cost as much as heft's each, and under a tight seeding
@@ -44,10 +44,9 @@ from pathlib import Path
 import numpy as np
 
 from placetool.costmodel.errors import atomic_write, read_parsed
-from placetool.costmodel.jitclock import work_clock
 
 from .errors import SearchError
-from .listsched import _schedule_variants
+from .listsched import _schedule_portfolio
 from .rule_kernels import N_RULE
 from .registry import register
 
@@ -125,7 +124,7 @@ def write_rules(folder, weights, meta: dict | None = None) -> Path:
 
 
 def schedule_with(weights):
-    """A ``schedule(data)`` for :func:`_schedule_variants`: HEFT's order, the rule's choice."""
+    """A ``schedule(data)`` for :func:`_schedule_portfolio`: HEFT's order, the rule's choice."""
     w = np.asarray(weights, np.float64)
 
     def schedule(data):
@@ -142,20 +141,15 @@ def dispatch(problem, budget, seed, tracker, policy: str = DEFAULT_RULE, links: 
     the fastest placement is the result (see the module docstring)."""
     rules = read_rules(policy)
     # the rules first, in the order they were learnt (on the training set HEFT was the
-    # best of the four on 9 problems of 36), so that a budget that ends early has tried them
+    # best of the four on 9 problems of 36), so that a budget that ends early has tried
+    # them; their memory rounds breadth first, so that one that fits early is not kept
+    # waiting behind another's eight
     order = [*range(1, len(rules.weights) + 1), 0]
-    # a schedule once started runs at least its first memory round whatever the budget:
-    # none is started with less time left than the last one took
-    metas, took, datas = [], 0.0, {}  # datas: each device set's scheduler data, built once
-    for i in order:
-        if metas and (tracker.done() or tracker.seconds_left() < took):
-            break
-        w = rules.weights[i - 1] if i else np.zeros(N_RULE)
-        before, t = tracker.best_assignment, work_clock()
-        meta = _schedule_variants(problem, tracker, schedule_with(w), links, datas)
-        took = work_clock() - t
-        metas.append((i, meta, tracker.best_assignment is not before))
-    # the last schedule that moved the tracker's best gave the result
-    picked, meta, _ = [m for m in metas if m[2]][-1] if any(m[2] for m in metas) else metas[0]
+    weights = [rules.weights[i - 1] if i else np.zeros(N_RULE) for i in order]
+    ran = _schedule_portfolio(problem, tracker, [schedule_with(w) for w in weights], links)
+    best = tracker.best_assignment
+    # the first schedule whose result is the tracker's best gave it
+    k, meta, _ = next((x for x in ran if best is not None and np.array_equal(x[2], best)), ran[0])
+    picked = order[k]
     return {"policy": str(policy), "rules": rules.weights.tolist(), "picked": picked,
-            "scheduled": len(metas), **meta}
+            "scheduled": len(ran), **meta}

@@ -252,29 +252,46 @@ def _retarget(acct, cap, charged, peak, margin: float = MEMORY_MARGIN) -> np.nda
     return np.where(peak > cap, np.minimum(acct, target), np.maximum(acct, target))
 
 
+class _Rounds:
+    """One schedule on one device set, run round by round against the simulator's memory
+    account: ``attempt(capacities) -> (group assignment, payload)`` is scored, and while
+    its placement does not fit the capacities the estimate is held to are retargeted
+    (:func:`_retarget`), at most ``rounds`` times. ``runs``: [(assignment, payload,
+    EvalResult)]; ``done`` once a round fits or the rounds are used up."""
+
+    def __init__(self, problem, attempt, rounds: int = MEMORY_ROUNDS):
+        self.n_devices = problem.n_devices
+        self.cap = problem.cost_model.capacity.astype(np.float64)
+        self.gmem = group_memory_bytes(problem).astype(np.float64)
+        self.acct = self.cap.copy()
+        self.attempt = attempt
+        self.rounds = max(int(rounds), 1)
+        self.runs: list = []
+        self.done = False
+
+    def step(self, tracker) -> None:
+        gdev, payload = self.attempt(self.acct.copy())
+        a = np.asarray(gdev, np.int32)
+        r = score(tracker, a)
+        self.runs.append((a, payload, r))
+        if r.feasible[0] or len(self.runs) >= self.rounds:
+            self.done = True
+            return
+        charged = np.bincount(a, weights=self.gmem, minlength=self.n_devices)
+        self.acct = _retarget(self.acct, self.cap, charged, r.peak_memory_bytes[0].astype(np.float64))
+
+
 def _memory_rounds(problem, tracker, attempt, rounds: int = MEMORY_ROUNDS) -> list:
     """Run ``attempt(capacities) -> (group assignment, payload)`` and score its placement
-    until the simulator says it fits, retargeting the capacities the estimate is held to
-    after each round that does not (:func:`_retarget`), at most ``rounds`` times.
+    until the simulator says it fits, retargeting the capacities after each round that
+    does not (:class:`_Rounds`), at most ``rounds`` times.
 
     The first round is scored even past a seconds budget (a one-shot method always
     answers), later ones only within it. Returns [(assignment, payload, EvalResult)]."""
-    cap = problem.cost_model.capacity.astype(np.float64)
-    gmem = group_memory_bytes(problem).astype(np.float64)
-    acct = cap.copy()
-    out = []
-    for k in range(max(int(rounds), 1)):
-        if tracker.remaining_evals() <= 0 or (k and tracker.done()):
-            break
-        gdev, payload = attempt(acct.copy())
-        a = np.asarray(gdev, np.int32)
-        r = score(tracker, a)
-        out.append((a, payload, r))
-        if r.feasible[0]:
-            break
-        charged = np.bincount(a, weights=gmem, minlength=problem.n_devices)
-        acct = _retarget(acct, cap, charged, r.peak_memory_bytes[0].astype(np.float64))
-    return out
+    rr = _Rounds(problem, attempt, rounds)
+    while not rr.done and tracker.remaining_evals() > 0 and not (rr.runs and tracker.done()):
+        rr.step(tracker)
+    return rr.runs
 
 
 def _best(runs):
@@ -322,7 +339,7 @@ def _planned(problem, a, links: str) -> float:
 
 def _schedule_variants(problem, tracker, schedule, links: str = "queued", datas: dict | None = None) -> dict:
     """Run ``schedule(data) -> (gdev, out, extra)`` per device set, each until its
-    placement fits in memory by the simulator (:func:`_memory_rounds`), and describe
+    placement fits in memory by the simulator (:class:`_Rounds`), and describe
     the run the tracker found best: the makespan its schedule planned (``planned_us``)
     beside the simulator's (``simulated_us``).
 
@@ -332,23 +349,59 @@ def _schedule_variants(problem, tracker, schedule, links: str = "queued", datas:
     m-TOPO's does (budget permitting). ``memory_fit`` says which it was. ``datas`` (a
     dict kept by the caller, or None) holds each device set's :class:`_Data` from one
     call to the next, for callers that schedule one problem several ways."""
-    runs = []  # (assignment, (gpu_only, out, extra), EvalResult)
-    for gpu_only in _variants(problem):
-        data = None if datas is None else datas.get(gpu_only)
-        if data is None:
-            data = _Data(problem, gpu_only, links)
-            if datas is not None:
-                datas[gpu_only] = data
-        data.deadline = tracker.deadline()
+    return _schedule_portfolio(problem, tracker, [schedule], links, datas)[0][1]
 
-        def attempt(cap, data=data, gpu_only=gpu_only):
-            data.cap = cap
-            gdev, out, extra = schedule(data)
-            return gdev, (gpu_only, out, extra)
 
-        runs += _memory_rounds(problem, tracker, attempt)
-    if not runs:  # no evaluation left at all
+def _schedule_portfolio(problem, tracker, schedules, links: str = "queued", datas: dict | None = None) -> list:
+    """:func:`_schedule_variants` for several schedules of one problem, breadth first:
+    the first memory round of every schedule and device set, then the second round of
+    those that do not fit yet, and so on. Under a seconds budget a schedule that fits in
+    two rounds is then not left waiting behind one that needs eight (on gnmt8/k40x8 the
+    best learnt rule fits in its second round, after 4.7 s of other rules' rounds one
+    schedule at a time); with the budget to finish, every schedule gets the rounds it
+    would get alone, so the placements are the same.
+
+    A device set's first round always runs for the first schedule; a later schedule's
+    first round only with at least as many seconds left as the last round took. Returns
+    [(schedule index, meta, assignment)] for the schedules that ran."""
+    datas = {} if datas is None else datas
+    cands = []  # (schedule index, _Rounds)
+    for i, schedule in enumerate(schedules):
+        for gpu_only in _variants(problem):
+            data = datas.get(gpu_only)
+            if data is None:
+                data = datas[gpu_only] = _Data(problem, gpu_only, links)
+
+            def attempt(cap, data=data, gpu_only=gpu_only, schedule=schedule):
+                data.cap = cap
+                data.deadline = tracker.deadline()
+                gdev, out, extra = schedule(data)
+                return gdev, (gpu_only, out, extra)
+
+            cands.append((i, _Rounds(problem, attempt)))
+    took = 0.0
+    for k in range(MEMORY_ROUNDS):
+        for i, rr in cands:
+            if rr.done or (k == 0 and i > 0 and tracker.seconds_left() < took):
+                continue
+            if tracker.remaining_evals() <= 0 or (k > 0 and tracker.done()):
+                break
+            t = work_clock()
+            rr.step(tracker)
+            took = work_clock() - t
+    out = []
+    for i in range(len(schedules)):
+        runs = [run for j, rr in cands if j == i for run in rr.runs]
+        if runs:
+            out.append((i, *_describe(problem, tracker, runs, links)))
+    if not out:  # no evaluation left at all
         raise BudgetExhausted
+    return out
+
+
+def _describe(problem, tracker, runs, links: str):
+    """(meta, assignment) of one schedule's best run, repaired to fit where it does not
+    (see :func:`_schedule_variants`)."""
     i = _best(runs)
     a, (gpu_only, (place, start, finish, fallbacks), extra), r = runs[i]
     meta = {"devices": "gpus" if gpu_only else "all", "links": links, "memory": "constrained",
@@ -367,7 +420,7 @@ def _schedule_variants(problem, tracker, schedule, links: str = "queued", datas:
             meta.update(memory_fit=f"m-topo ({fit})", devices="all", memory_fallbacks=topo[3])
     if meta["memory_fit"] not in ("schedule", "none"):  # the plan of the placement returned
         meta.update(planned_us=_planned(problem, a, links), simulated_us=float(r.step_time_us[0]))
-    return meta
+    return meta, a
 
 
 # ------------------------------------------------------------------ methods

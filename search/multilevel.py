@@ -8,8 +8,9 @@ level a smaller problem for the simulator whose assignment gives every group its
 cluster's device), anneals on the clusters, and moves whole regions along the simulated
 critical path:
 
-1. the seeding methods (``seeds``, default ``heft``, the best one-shot method on large
-   graphs) run on the fine problem within ``seed_share`` of the budget;
+1. the seeding methods (``seeds``, default ``dispatch``: HEFT and the learnt
+   dispatching rules, the best one-shot method on large graphs) run on the fine
+   problem within ``seed_share`` of the budget;
 2. where none finished or gave a feasible placement, a coarse pass (:func:`_descend`)
    anneals on each level of clusters (``clusters``, finest first; the finer levels' clusters are
    short in time, so a cluster's ops run close together), coarsest first, each level
@@ -342,7 +343,7 @@ def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, st
 @register("multilevel", budget=Budget(seconds=10.0),
           summary="Multilevel annealing: sa on the group graph coarsened by heavy-edge matching (as METIS), "
                   "in V-cycles from the seeding methods' best, then on the groups")
-def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_share: Share = 0.75,
+def multilevel(problem, budget, seed, tracker, seeds: str | None = "dispatch", seed_share: Share = 0.25,
                cycles: Count = 1, cycle_clusters: Count | None = None, refine_share: Share = 0.05,
                clusters=None, runs_per_cluster: Positive = 4.0, coarse_seeds: Seeds | None = "heft,m-etf,metis",
                fallback: str | None = "m-topo", batch: Count | None = None, start=None,
@@ -350,8 +351,10 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "heft", seed_
     """Multilevel search (see the module docstring); returns metadata.
 
     ``seeds`` run on the fine problem within ``seed_share`` of the budget (a cap: the
-    stage ends when they do; heft cut short in its memory rounds is a much worse start,
-    so the cap is generous) (``none``: skip them and start from the coarse pass); rounds of critical-path pulls take
+    stage ends when they do; dispatch runs its schedules' memory rounds breadth first,
+    so a quarter of 10 s on gnmt8 holds its best placement, and the pulls from it gain
+    more than its later rounds would) (``none``: skip them and start from the coarse
+    pass); rounds of critical-path pulls take
     ``pull_share`` of what is left; ``cycles`` V-cycles of ``cycle_clusters`` clusters
     (default a tenth of the groups) share the rest but ``refine_share`` of the budget,
     which the fine sa takes; ``clusters`` gives the coarse pass's levels, finest first

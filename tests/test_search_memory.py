@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from placetool.costmodel import CostModel, OpGraph, presets
-from placetool.search import Budget, Problem, SearchError, Tracker, run
+from placetool.search import Budget, BudgetExhausted, Problem, SearchError, Tracker, run
 from placetool.search.seeding import objective, seed_assignments
 from placetool.search.memory import fit_memory
 
@@ -133,6 +133,57 @@ def test_list_schedulers_keep_off_the_fast_device_what_does_not_fit_there(method
     assert r.feasible and r.step_time_us == 22.0 == brute_force(p)
     assert [int(r.placement[idx[v]]) for v in ("load", "f", "g")] == [0, 0, 1]
     assert r.metadata["memory"] == "constrained" and r.metadata["simulated_us"] == 22.0
+
+
+def _scripted(calls, name, placements, n_ops):
+    """A list schedule that returns ``placements`` (group assignments) round after
+    round on each device set (the last one again once they run out), logging each call
+    as (name, device set) in ``calls``."""
+    def schedule(data):
+        k = calls.count((name, id(data)))
+        calls.append((name, id(data)))
+        a = placements[min(k, len(placements) - 1)]
+        return a, (a, np.zeros(n_ops), np.zeros(n_ops), 0), None
+    return schedule
+
+
+def test_memory_rounds_go_breadth_first_across_schedules():
+    from placetool.search.listsched import MEMORY_ROUNDS, _schedule_portfolio, _schedule_variants
+
+    p = copy_fills_the_gpu()
+    idx, grp, n = p.graph.index, p.graph.group, p.graph.n_ops
+    over = np.ones(p.n_groups, np.int64)
+    over[grp[idx["load"]]] = 0  # 14 µs but 300 bytes on the 250-byte GPU
+    fits = over.copy()
+    fits[grp[idx["f"]]] = 0  # 22 µs, fits
+    sets = 2  # the host and the GPU, and the GPU alone
+
+    def schedules(calls):
+        return [_scripted(calls, "stubborn", [over], n), _scripted(calls, "quick", [over, fits], n)]
+
+    # two rounds of each schedule and device set: the quick one fits in its second
+    calls = []
+    t = Tracker(p, Budget(evals=2 * 2 * sets))
+    ran = _schedule_portfolio(p, t, schedules(calls), datas={})
+    assert [c[0] for c in calls] == ["stubborn"] * sets + ["quick"] * sets + ["stubborn"] * sets + ["quick"] * sets
+    assert t.best_feasible and t.best_step_us == 22.0
+    assert [(i, m["memory_fit"]) for i, m, _ in ran] == [(0, "none"), (1, "schedule")]
+    # one schedule after the other, the same budget ends in the stubborn one's rounds
+    calls = []
+    t = Tracker(p, Budget(evals=2 * 2 * sets))
+    for s in schedules(calls):
+        try:
+            _schedule_variants(p, t, s, datas={})
+        except BudgetExhausted:
+            break
+    assert {c[0] for c in calls} == {"stubborn"} and not t.best_feasible
+    # with the budget to finish, each schedule gets the rounds it gets alone
+    calls = []
+    ran = _schedule_portfolio(p, Tracker(p, Budget(evals=1000)), schedules(calls), datas={})
+    assert [c[0] for c in calls].count("stubborn") == MEMORY_ROUNDS * sets
+    assert [c[0] for c in calls].count("quick") == 2 * sets
+    alone = [_schedule_variants(p, Tracker(p, Budget(evals=1000)), s, datas={}) for s in schedules([])]
+    assert [m for _, m, _ in ran] == alone
 
 
 @pytest.mark.slow
