@@ -21,8 +21,10 @@ critical path:
    scores a batch of candidates, some pulling a random share of the path's transfers
    onto one device each (towards the device with memory to spare), some moving one of
    the longest groups to another device; the best is kept if it fits and is faster;
-4. ``cycles`` V-cycles refine the best: clusters that keep it exactly (groups merge only
-   with neighbours on the same device), sa on them from it, the best projected back;
+   ``pull_patience`` rounds in a row that keep nothing end them early;
+4. ``cycles`` V-cycles (one per 15 s of the budget) refine the best: clusters that keep
+   it exactly (groups merge only with neighbours on the same device), sa on them from
+   it, the best projected back;
 5. sa on the fine groups from the best for the rest of the budget (at least
    ``refine_share`` of it).
 
@@ -219,6 +221,10 @@ def _vcycle(problem, budget, seed, tracker, k, target, share, runs_per_cluster, 
     return True
 
 
+#: seconds of budget per V-cycle by default: one V-cycle's annealing on nmt/k80x4 gains
+#: little after 5-10 s, and other clusters (each cycle draws its own) get out of where
+#: it settled (60 s: 143.1-156.6 ms over 4 seeds with 4 cycles, 144.2-163.7 with one)
+CYCLE_SECONDS = 15.0
 #: the shares of the critical path's transfers one pull move takes, one candidate each
 #: per round
 PULL_FRACTIONS = (0.005, 0.02)
@@ -279,14 +285,17 @@ def _sweep_candidates(problem, cur, k):
     return out
 
 
-def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, stages, meta) -> None:
+def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, stages, meta,
+                 patience: int | None = None) -> None:
     """Greedy rounds of region-sized critical-path moves (:func:`_pull_candidates`) and
     moves of long groups (:func:`_heavy_candidates`) from the tracker's best feasible
     placement until ``until`` seconds (of the tracker's clock), ``max_evals``
     evaluations (None: any) or the budget ends: each round traces the path of the
     current placement, scores a batch of candidates and keeps the best if it fits and is
     faster; the first rounds sweep the longest groups over the devices
-    (:data:`SWEEP_FIRST`). One pull of sa moves one or two groups; on a graph whose path crosses
+    (:data:`SWEEP_FIRST`); ``patience`` rounds in a row that keep nothing end them
+    (the greedy rounds are then at a local optimum the V-cycles get out of: on nmt/k80x4
+    they kept nothing after the first 3 s of 45). One pull of sa moves one or two groups; on a graph whose path crosses
     devices thousands of times that is too little per simulation to get anywhere in
     seconds."""
     from .critical import CriticalPath
@@ -301,7 +310,7 @@ def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, st
     if got is None:
         return
     step, peak = got[0], got[2]
-    t0, n0, rounds, kept = tracker.seconds, tracker.evaluations, 0, {}
+    t0, n0, rounds, kept, idle = tracker.seconds, tracker.evaluations, 0, {}, 0
     fractions = PULL_FRACTIONS
     t = np.where(np.isfinite(problem.group_time), problem.group_time, 0.0).min(axis=1)
     heavy = np.argsort(-t, kind="stable")[: min(HEAVY, problem.n_groups)]
@@ -315,7 +324,7 @@ def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, st
             break
         if comm is None:
             comm = CriticalPath(cm, cur).comm
-        if not len(comm):
+        if not len(comm) or (patience is not None and idle >= patience):
             break
         sweep = n_heavy and rounds < min(SWEEP_FIRST, len(heavy))
         cands = _sweep_candidates(problem, cur, heavy[rounds]) if sweep else []
@@ -330,13 +339,15 @@ def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, st
         except BudgetExhausted:
             break
         rounds += 1
+        idle += 1
         obj = np.where(r.feasible, r.step_time_us, np.inf)
         i = int(np.argmin(obj))
         if obj[i] < step and i < len(kinds):
             cur, step, peak = r.assignments[i].copy(), float(obj[i]), r.peak_memory_bytes[i]
             kept[kinds[i]] = kept.get(kinds[i], 0) + 1
-            comm = None
-    meta["pulls"] = {"rounds": rounds, "kept": kept, "seconds": tracker.seconds - t0}
+            comm, idle = None, 0
+    meta["pulls"] = {"rounds": rounds, "kept": kept, "seconds": tracker.seconds - t0,
+                     "stalled": patience is not None and idle >= patience}
     stages.note("critical-path pulls")
 
 
@@ -344,10 +355,10 @@ def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, st
           summary="Multilevel annealing: sa on the group graph coarsened by heavy-edge matching (as METIS), "
                   "in V-cycles from the seeding methods' best, then on the groups")
 def multilevel(problem, budget, seed, tracker, seeds: str | None = "dispatch", seed_share: Share = 0.25,
-               cycles: Count = 1, cycle_clusters: Count | None = None, refine_share: Share = 0.05,
+               cycles: Count | None = None, cycle_clusters: Count | None = None, refine_share: Share = 0.05,
                clusters=None, runs_per_cluster: Positive = 4.0, coarse_seeds: Seeds | None = "heft,m-etf,metis",
                fallback: str | None = "m-topo", batch: Count | None = None, start=None,
-               pull_share: Share = 0.75):
+               pull_share: Share = 0.75, pull_patience: Count | None = 200):
     """Multilevel search (see the module docstring); returns metadata.
 
     ``seeds`` run on the fine problem within ``seed_share`` of the budget (a cap: the
@@ -355,7 +366,9 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "dispatch", s
     so a quarter of 10 s on gnmt8 holds its best placement, and the pulls from it gain
     more than its later rounds would) (``none``: skip them and start from the coarse
     pass); rounds of critical-path pulls take
-    ``pull_share`` of what is left; ``cycles`` V-cycles of ``cycle_clusters`` clusters
+    ``pull_share`` of what is left, or end after ``pull_patience`` rounds in a row that
+    keep nothing; ``cycles`` V-cycles (default one per :data:`CYCLE_SECONDS` of a
+    seconds budget, at least one) of ``cycle_clusters`` clusters
     (default a tenth of the groups) share the rest but ``refine_share`` of the budget,
     which the fine sa takes; ``clusters`` gives the coarse pass's levels, finest first
     (``--option clusters=3000,600``), ``coarse_seeds`` its seeding methods;
@@ -400,12 +413,14 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "dispatch", s
     left = max(0.0, 1.0 - tracker.seconds / budget.seconds) if budget.seconds else 1.0 - seed_share
     if budget.seconds is not None:
         until = tracker.seconds + pull_share * left * budget.seconds
-        _pull_rounds(problem, seed, tracker, until, None, stages, meta)
+        _pull_rounds(problem, seed, tracker, until, None, stages, meta, pull_patience)
     else:
         _pull_rounds(problem, seed, tracker, np.inf, int(pull_share * tracker.remaining_evals()), stages,
-                     meta)
+                     meta, pull_patience)
     left = max(0.0, 1.0 - tracker.seconds / budget.seconds) if budget.seconds else left * (1 - pull_share)
     target = cycle_clusters or max(2, problem.n_groups // 10)
+    if cycles is None:
+        cycles = max(1, int(budget.seconds // CYCLE_SECONDS)) if budget.seconds else 1
     each = max(0.0, left - refine_share) / max(int(cycles), 1)
     for k in range(int(cycles)):
         if each <= 0 or not _vcycle(problem, budget, seed, tracker, k, target, each, runs_per_cluster,

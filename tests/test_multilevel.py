@@ -185,3 +185,13 @@ def test_a_sweep_tries_a_group_on_every_other_device(p1k):
     out = _sweep_candidates(p1k, cur, k)
     assert sorted(int(a[k]) for a in out) == [d for d in range(p1k.n_devices) if d != 1]
     assert all(np.flatnonzero(a != cur).tolist() == [k] for a in out)
+
+
+def test_pulls_that_keep_nothing_hand_the_budget_on(p1k):
+    opts = dict(seeds="m-etf", pull_share=1.0, cycles=1)
+    r = run("multilevel", p1k, Budget(evals=400), seed=0, pull_patience=3, **opts)
+    pulls = r.metadata["pulls"]
+    assert pulls["stalled"] and pulls["rounds"] >= sum(pulls["kept"].values()) + 3
+    assert r.metadata["refine"]["seconds"] > 0 and r.evaluations <= 400  # the rest went on
+    r = run("multilevel", p1k, Budget(evals=400), seed=0, pull_patience=None, **opts)
+    assert not r.metadata["pulls"]["stalled"] and r.metadata["pulls"]["rounds"] > pulls["rounds"]
