@@ -128,7 +128,7 @@ def _link_book(link_s, link_e, link, l, pos, s, e):
 
 @njit(cache=True)
 def _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, place, finish,
-                    lat, bw, xc, arrive, link_s, link_e, link, avail, commit, insert, wait):
+                    lat, bw, xc, arrive, link_s, link_e, link, avail, last_a, last_f, commit, insert, wait):
     """When op's inputs are on device d under the simulator's rules: a tensor goes to a
     device once, a transfer leaves when its producer ends and holds its directed link
     one at a time, a send first costs the sender ``xc[0] + xc[1] * bytes`` µs and a
@@ -142,14 +142,15 @@ def _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr
     ``links.queue = "none"``) a transfer starts as soon as it is sent, whatever else is on
     its link.
     Returns (data-ready time, receive time d spends first). With ``commit`` the
-    transfers are booked (``arrive``, the link timelines, the sender's ``avail``)."""
+    transfers are booked (``arrive``, the link timelines, the sender's ``avail``).
+    ``last_a`` and ``last_f`` (int64[D], float64[D]) are scratch space, allocated once
+    by the caller: made here on every call, they cost 15-19% of an EFT or ETF schedule's
+    time on gnmt8/k40x8 (``benchmarks/list_schedulers.py``)."""
     D = lat.shape[0]
     r = 0.0
     rc = 0.0
     # new transfers of this op on one link go one after another, in input order: the end
     # of the last one per source device (d is fixed here), for the few sources seen
-    last_a = np.empty(0, np.int64)
-    last_f = np.empty(0)
     n_last = 0
     for k in range(cpred_ptr[op], cpred_ptr[op + 1]):
         f = finish[cpred_src[k]]
@@ -169,9 +170,6 @@ def _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr
             send = xc[0, a] + xc[1, a] * b
             dur = lat[a, d] + b / bw[a, d]
             t0 = finish[p] + send
-            if last_a.shape[0] == 0:
-                last_a = np.empty(in_ptr[op + 1] - in_ptr[op], np.int64)
-                last_f = np.empty(in_ptr[op + 1] - in_ptr[op])
             j = 0
             while j < n_last and last_a[j] != a:
                 j += 1
@@ -299,6 +297,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
         if indeg[v] == 0:
             size = heap_push(k1, k2, ids, size, -prio[v], rank[v], v)
     cand = np.zeros(D, np.bool_)
+    last_a, last_f = np.empty(D, np.int64), np.empty(D)
     arrive, link_s, link_e, link = _link_timelines(tensor_bytes.shape[0], in_tensor.shape[0], D, queued)
     learnt = np.any(rule != 0.0)
     committed = np.zeros(D)  # work of fixed groups' ops not scheduled yet
@@ -323,7 +322,7 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
             if queued:
                 ready, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr,
                                             cpred_src, place, finish, lat, bw, xc, arrive, link_s, link_e,
-                                            link, avail, False, insertion, queued == 1)
+                                            link, avail, last_a, last_f, False, insertion, queued == 1)
             else:
                 ready = _data_ready(op, d, pred_ptr, pred_src, pred_bytes, pred_ctrl, place, finish, lat, bw)
                 rc = 0.0
@@ -354,7 +353,8 @@ def eft_schedule(prio, rank, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_
         d = bd
         if queued:
             _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src, place,
-                            finish, lat, bw, xc, arrive, link_s, link_e, link, avail, True, insertion, queued == 1)
+                            finish, lat, bw, xc, arrive, link_s, link_e, link, avail, last_a, last_f, True, insertion,
+                            queued == 1)
         place[op] = d
         start[op] = bs
         finish[op] = bf
@@ -519,13 +519,13 @@ def _etf_drop(op, d, drop, tie, T, gdev, gmem, used, cap, pref, dr, avail, group
 
 @njit(cache=True)
 def _etf_transfers(op, d, bs, q, dr, tie, fifo, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
-                   place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail, queued):
+                   place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail, last_a, last_f, queued):
     """Book the transfers of the pair picked, op on device d at ``bs``, on the links as
     they are now. If the links filled up meanwhile so that it would start later, op goes
     back to d's queue at its new data-ready time, nothing booked. Returns (late, start,
     receive time d spends first)."""
     r, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
-                            place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail,
+                            place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail, last_a, last_f,
                             False, False, queued == 1)
     if max(r, avail[d]) > bs:  # its links filled up meanwhile: queue it at its new time
         if q.rsize[d] > 0:
@@ -536,7 +536,7 @@ def _etf_transfers(op, d, bs, q, dr, tie, fifo, in_ptr, in_tensor, tensor_op, te
         _etf_enqueue(op, d, tie, dr, avail, q, fifo)
         return True, bs, rc
     r, rc = _transfer_ready(op, d, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr, cpred_src,
-                            place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail,
+                            place, finish, lat, bw, xc, arrive, link_s, link_e, link, avail, last_a, last_f,
                             True, False, queued == 1)
     # a send booked just now may hold the device
     return False, max(bs, r, avail[d]), rc
@@ -545,7 +545,7 @@ def _etf_transfers(op, d, bs, q, dr, tie, fifo, in_ptr, in_tensor, tensor_op, te
 @njit(cache=True)
 def _etf_data_ready(w, dr, queued, pred_ptr, pred_src, pred_bytes, pred_ctrl, in_ptr, in_tensor, tensor_op,
                     tensor_bytes, cpred_ptr, cpred_src, place, finish, lat, bw, xc, arrive, link_s, link_e, link,
-                    avail):
+                    avail, last_a, last_f):
     """Fill ``dr[w]``, the time op w's inputs are on each device, as w becomes ready: by
     the simulator's transfers on the links as booked now (``queued``, nothing booked),
     else by the papers' latency + bytes / bandwidth."""
@@ -553,7 +553,7 @@ def _etf_data_ready(w, dr, queued, pred_ptr, pred_src, pred_bytes, pred_ctrl, in
         if queued:
             dr[w, e], _ = _transfer_ready(w, e, in_ptr, in_tensor, tensor_op, tensor_bytes, cpred_ptr,
                                           cpred_src, place, finish, lat, bw, xc, arrive, link_s,
-                                          link_e, link, avail, False, False, queued == 1)
+                                          link_e, link, avail, last_a, last_f, False, False, queued == 1)
         else:
             dr[w, e] = _data_ready(w, e, pred_ptr, pred_src, pred_bytes, pred_ctrl, place, finish, lat, bw)
 
@@ -602,6 +602,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
     pref = np.full(n, -1, np.int64)
     dr = np.zeros((n, D))  # data-ready time per device, fixed once an op is ready
     cand = np.zeros(D, np.bool_)
+    last_a, last_f = np.empty(D, np.int64), np.empty(D)  # _transfer_ready's scratch
     fb_of = np.zeros(n, np.int64)
     arrive, link_s, link_e, link = _link_timelines(tensor_bytes.shape[0], in_tensor.shape[0], D, queued)
     for v in range(n):
@@ -651,7 +652,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
         if queued:
             late, bs, rc = _etf_transfers(op, d, bs, q, dr, tie, fifo, in_ptr, in_tensor, tensor_op, tensor_bytes,
                                           cpred_ptr, cpred_src, place, finish, lat, bw, xc, arrive, link_s, link_e,
-                                          link, avail, queued)
+                                          link, avail, last_a, last_f, queued)
             if late:
                 continue
         placed += 1
@@ -673,7 +674,7 @@ def etf_schedule(tie, T, pred_ptr, pred_src, pred_bytes, pred_ctrl, succ_ptr, su
             if indeg[w] == 0:
                 _etf_data_ready(w, dr, queued, pred_ptr, pred_src, pred_bytes, pred_ctrl, in_ptr, in_tensor,
                                 tensor_op, tensor_bytes, cpred_ptr, cpred_src, place, finish, lat, bw, xc, arrive,
-                                link_s, link_e, link, avail)
+                                link_s, link_e, link, avail, last_a, last_f)
                 if fav_parent[w] >= 0:
                     pref[w] = place[fav_parent[w]]
                 fb_of[w] = _etf_queue_all(w, tie, T, gdev, gmem, used, cap, pref[w], dr, avail, group, cand,
