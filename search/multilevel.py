@@ -295,9 +295,9 @@ def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, st
     faster; the first rounds sweep the longest groups over the devices
     (:data:`SWEEP_FIRST`); ``patience`` rounds in a row that keep nothing end them
     (the greedy rounds are then at a local optimum the V-cycles get out of: on nmt/k80x4
-    they kept nothing after the first 3 s of 45). One pull of sa moves one or two groups; on a graph whose path crosses
-    devices thousands of times that is too little per simulation to get anywhere in
-    seconds."""
+    they kept nothing after the first 3 s of 45). One pull of sa moves one or two
+    groups; on a graph whose path crosses devices thousands of times that is too little
+    per simulation to get anywhere in seconds."""
     from .critical import CriticalPath
 
     rng = np.random.default_rng(seed + 1_000_003)
@@ -365,13 +365,13 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "dispatch", s
     stage ends when they do; dispatch runs its schedules' memory rounds breadth first,
     so a quarter of 10 s on gnmt8 holds its best placement, and the pulls from it gain
     more than its later rounds would) (``none``: skip them and start from the coarse
-    pass); rounds of critical-path pulls take
-    ``pull_share`` of what is left, or end after ``pull_patience`` rounds in a row that
-    keep nothing; ``cycles`` V-cycles (default one per :data:`CYCLE_SECONDS` of a
-    seconds budget, at least one) of ``cycle_clusters`` clusters
-    (default a tenth of the groups) share the rest but ``refine_share`` of the budget,
-    which the fine sa takes; ``clusters`` gives the coarse pass's levels, finest first
-    (``--option clusters=3000,600``), ``coarse_seeds`` its seeding methods;
+    pass); rounds of critical-path pulls take ``pull_share`` of what is left, or end
+    after ``pull_patience`` rounds in a row that keep nothing; ``cycles`` V-cycles
+    (default one per :data:`CYCLE_SECONDS` of a seconds budget, at least one) of
+    ``cycle_clusters`` clusters (default a tenth of the groups) share the rest but
+    ``refine_share`` of the budget, which the fine sa takes; ``clusters`` gives the
+    coarse pass's levels, finest first (``--option clusters=3000,600``),
+    ``coarse_seeds`` its seeding methods;
     ``runs_per_cluster``: how finely a coarse graph keeps the order of a cluster's ops
     (more: closer to the fine step time, slower to simulate); ``fallback``: the fine
     one-shot method scored when nothing feasible was found; ``start`` (a group
