@@ -202,6 +202,8 @@ def _vcycle(problem, budget, seed, tracker, k, target, share, runs_per_cluster, 
     lv = coarse_problem(problem, part, runs_per_cluster=runs_per_cluster)
     start = lv.restrict(best, problem)
     built = tracker.seconds - t0
+    if budget.seconds:  # building the clusters spent part of the cycle's share
+        share = max(share - built / budget.seconds, 0.0)
     b = _coarse_budget(budget, tracker, share, problem.graph.n_ops, lv.problem.graph.n_ops)
     got = _score_fine(tracker, best)  # its peaks, counted as the evaluation they are
     if got is None:
