@@ -19,10 +19,11 @@ numbers in JSON: a rule file is read as data and never runs code. Like the other
 schedulers the method is memory-constrained by the simulator's account
 (:func:`placetool.search.listsched._schedule_portfolio`); ``metadata["picked"]`` says which
 rule (1, 2, ...; 0: HEFT) gave the result. HEFT is scheduled last: under a seconds budget
-the rules are tried first. Among the starting points of sa, tpe and rl it comes after
-``heft`` (its own first schedules cost as much as heft's each, and under a tight seeding
-share heft's placement is the safer start: with dispatch first, sa at 15 s on gnmt8 had
-only rule 1's placement to start from and ended 5% behind).
+the rules are tried first. Among the starting points of sa, tpe and rl it comes before
+``m-etf`` and ``heft``: its memory rounds run breadth first, HEFT's among them, so within
+a tight seeding share it holds HEFT's first rounds and its best rule's placement (on
+gnmt8/k40x8, sa at 10 s ends at 1,090.7-1,101.3 ms from it, against 1,437.1-1,472.3
+with m-etf and heft first, when dispatch never finished).
 
 Example: the shipped rule on synthetic-1k and k80x4::
 
@@ -134,7 +135,7 @@ def schedule_with(weights):
     return schedule
 
 
-@register("dispatch", seed_rank=5, summary="HEFT and learnt dispatching rules pre-trained over many graphs "
+@register("dispatch", seed_rank=3, summary="HEFT and learnt dispatching rules pre-trained over many graphs "
                               "(data/policies/dispatch), the fastest placement kept; memory-constrained")
 def dispatch(problem, budget, seed, tracker, policy: str = DEFAULT_RULE, links: str = "queued"):
     """HEFT with each rule of ``policy`` added to its device choice, then HEFT itself;
