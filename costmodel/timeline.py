@@ -592,9 +592,10 @@ def explain(rec: Recording, step: int | None = None, cluster=None) -> dict:
     """Everything ``placetool explain`` reports about one traced step (default: the
     median one): :func:`breakdown`, :func:`transfers`, :func:`op_inflation`, the CPU
     time transfers took per device (``stolen``: op growth plus idle gaps with every input
-    there, :mod:`placetool.costmodel.commfit`) and the
-    replays (:data:`REPLAYS`: the simulator's link queue, transfers side by side, sent
-    by idle workers, each its traced time; plus ``cluster``'s model when given), with the spread of the traced steps' spans."""
+    there, :mod:`placetool.costmodel.commfit`) and the replays (:data:`REPLAYS`: the
+    simulator's link queue, transfers side by side, sent by idle workers, each its
+    traced time; plus ``cluster``'s model when given), with the spread of the traced
+    steps' spans."""
     k = median_step(rec) if step is None else int(step)
     if not 0 <= k < len(rec.steps):
         raise TimelineError(f"step {k}: the timeline has steps 0..{len(rec.steps) - 1}")

@@ -289,8 +289,7 @@ def _memory_rounds(problem, tracker, attempt, rounds: int = MEMORY_ROUNDS) -> li
     The first round is scored even past a seconds budget (a one-shot method always
     answers), later ones only within it. Returns [(assignment, payload, EvalResult)]."""
     rr = _Rounds(problem, attempt, rounds)
-    while not rr.done and tracker.remaining_evals() > 0 and not (rr.runs and tracker.done()):
-        rr.step(tracker)
+    _breadth_first([(0, rr)], tracker)
     return rr.runs
 
 
@@ -395,7 +394,7 @@ def _breadth_first(cands, tracker) -> None:
     round after round, until all are done or the budget is (see
     :func:`_schedule_portfolio` for when a first round runs)."""
     took = 0.0
-    for k in range(MEMORY_ROUNDS):
+    for k in range(max((rr.rounds for _, rr in cands), default=0)):
         for i, rr in cands:
             if tracker.remaining_evals() <= 0 or (k > 0 and tracker.done()):
                 return
