@@ -62,7 +62,8 @@ from .coarsen import coarse_problem, cluster_levels
 from .errors import SearchError
 from .memory import fit_memory
 from .registry import Count, Positive, Seeds, Share, register
-from .tracker import Budget, BudgetExhausted, Tracker
+from .tracker import Budget, BudgetExhausted
+from .vcycle import CYCLE_SECONDS, anneal_coarse, coarse_budget, score_fine, vcycles
 
 #: the default cluster counts of the levels, finest first, as fractions of the groups
 #: (and at least / at most these many clusters)
@@ -106,55 +107,6 @@ class _Stages:
             self._last = now
 
 
-def _coarse_budget(budget, tracker, share: float, fine_ops: int, coarse_ops: int):
-    """A coarse level's budget: ``share`` of the seconds (the tracker's clock runs on),
-    and under an evaluation budget that share of the fine evaluations scaled by how many
-    times fewer ops the level simulates."""
-    seconds = evals = None
-    if budget.seconds is not None:
-        seconds = max(1e-3, share * budget.seconds)
-        seconds = min(seconds, max(1e-3, budget.seconds - tracker.seconds))
-    if budget.evals is not None:
-        evals = max(1, int(share * budget.evals * fine_ops / max(coarse_ops, 1)))
-    return Budget(evals=evals, seconds=seconds)
-
-
-def _anneal_coarse(coarse, budget, seed, start, seeds, sa_options):
-    """sa on a coarse problem: (best coarse assignment or None, its step time, feasible,
-    evaluations)."""
-    tr = Tracker(coarse.problem, budget)
-    opts = dict(sa_options)
-    if start is not None:
-        opts["start"] = start
-    else:
-        opts["seeds"] = seeds
-    try:
-        anneal(coarse.problem, budget, seed, tr, **opts)
-    except BudgetExhausted:
-        pass
-    return tr.best_assignment, tr.best_step_us, tr.best_feasible, tr.evaluations
-
-
-def _score_fine(tracker, a):
-    """One fine evaluation of ``a``: (step, feasible), or None when the budget is spent."""
-    try:
-        r = tracker.evaluate(a)
-    except BudgetExhausted:
-        return None
-    return float(r.step_time_us[0]), bool(r.feasible[0]), r.peak_memory_bytes[0]
-
-
-def _calibrate(coarse, fine_peak, coarse_peak) -> None:
-    """Scale the coarse problem's capacities by how far its memory account overstates
-    (a coarse op holds all it sends until its last consumer ends) or understates (what
-    stays inside a coarse op is not counted) the fine one on the same placement, per
-    device, by 0.5 to 2 times."""
-    cm = coarse.problem.cost_model
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(fine_peak > 0, coarse_peak / np.maximum(fine_peak, 1), 1.0)
-    cm.capacity = (cm.capacity * np.clip(ratio, 0.5, 2.0)).astype(np.int64)
-
-
 def _descend(problem, budget, seed, tracker, counts, share, runs_per_cluster, seeds, sa_options, stages, rows):
     """The coarse pass: anneal on each level of :func:`cluster_levels`, coarsest first,
     each from the best of the level above; every level's best is scored on the fine
@@ -172,8 +124,8 @@ def _descend(problem, budget, seed, tracker, counts, share, runs_per_cluster, se
             break
         t1 = tracker.seconds
         start = None if cur is None else lv.restrict(cur, problem)
-        b = _coarse_budget(budget, tracker, share / len(levels), problem.graph.n_ops, lv.problem.graph.n_ops)
-        a, step, ok, n = _anneal_coarse(lv, b, seed + k, start, seeds, sa_options)
+        b = coarse_budget(budget, tracker, share / len(levels), problem.graph.n_ops, lv.problem.graph.n_ops)
+        a, step, ok, n = anneal_coarse(lv, b, seed + k, start, seeds, sa_options)
         row = {"stage": f"level {len(levels) - k}", "clusters": lv.n_clusters,
                "coarse_ops": lv.problem.graph.n_ops, "evaluations": n,
                "coarse_step_us": None if a is None else step, "coarse_feasible": ok, "fine_step_us": None,
@@ -182,7 +134,7 @@ def _descend(problem, budget, seed, tracker, counts, share, runs_per_cluster, se
         if a is None:
             continue
         cur = lv.project(a)
-        got = _score_fine(tracker, cur)
+        got = score_fine(tracker, cur)
         if got is not None:
             row["fine_step_us"], row["fine_feasible"] = got[:2]
         row["seconds"] = tracker.seconds - t1 + row["build_seconds"]
@@ -190,43 +142,6 @@ def _descend(problem, budget, seed, tracker, counts, share, runs_per_cluster, se
     return cur
 
 
-def _vcycle(problem, budget, seed, tracker, k, target, share, runs_per_cluster, sa_options, stages, rows):
-    """One V-cycle from the tracker's best: clusters that keep it exactly (groups merge
-    only with groups on their device), sa on them from it, the best projected back and
-    scored. False when it could not run (no budget, nothing to start from)."""
-    best = tracker.best_assignment
-    if best is None or tracker.done():
-        return False
-    t0 = tracker.seconds
-    part = cluster_levels(problem, [target], seed=seed + 7919 * (k + 1), assignment=best)[0]
-    lv = coarse_problem(problem, part, runs_per_cluster=runs_per_cluster)
-    start = lv.restrict(best, problem)
-    built = tracker.seconds - t0
-    if budget.seconds:  # building the clusters spent part of the cycle's share
-        share = max(share - built / budget.seconds, 0.0)
-    b = _coarse_budget(budget, tracker, share, problem.graph.n_ops, lv.problem.graph.n_ops)
-    got = _score_fine(tracker, best)  # its peaks, counted as the evaluation they are
-    if got is None:
-        return False
-    _calibrate(lv, got[2], lv.problem.cost_model.simulate_batch(start[None]).peak_memory_bytes[0])
-    a, step, ok, n = _anneal_coarse(lv, b, seed + 101 * (k + 1), start, None, sa_options)
-    row = {"stage": f"v-cycle {k + 1}", "clusters": lv.n_clusters, "coarse_ops": lv.problem.graph.n_ops,
-           "evaluations": n, "coarse_step_us": None if a is None else step, "coarse_feasible": ok,
-           "fine_step_us": None, "build_seconds": built}
-    rows.append(row)
-    if a is not None and np.any(a != start):
-        got = _score_fine(tracker, lv.project(a))
-        if got is not None:
-            row["fine_step_us"], row["fine_feasible"] = got[:2]
-    row["seconds"] = tracker.seconds - t0
-    stages.note(row["stage"])
-    return True
-
-
-#: seconds of budget per V-cycle by default: one V-cycle's annealing on nmt/k80x4 gains
-#: little after 5-10 s, and other clusters (each cycle draws its own) get out of where
-#: it settled (60 s: 143.1-156.6 ms over 4 seeds with 4 cycles, 144.2-163.7 with one)
-CYCLE_SECONDS = 15.0
 #: the shares of the critical path's transfers one pull move takes, one candidate each
 #: per round
 PULL_FRACTIONS = (0.005, 0.02)
@@ -308,7 +223,7 @@ def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, st
     cur = tracker.best_assignment
     if cur is None or not tracker.best_feasible:
         return
-    got = _score_fine(tracker, cur)
+    got = score_fine(tracker, cur)
     if got is None:
         return
     step, peak = got[0], got[2]
@@ -392,7 +307,7 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "dispatch", s
         a = np.asarray(start)
         if a.shape != (problem.n_groups,) or a.dtype.kind not in "iu" or not problem.is_valid(a):
             raise SearchError(f"multilevel: start must be a valid assignment of the {problem.n_groups} groups")
-        _score_fine(tracker, a.astype(np.int32))
+        score_fine(tracker, a.astype(np.int32))
         stages.note("start")
     elif not skip_seeds:
         meta["seeds"], over = _run_seeds(problem, budget, seed, tracker, seed_names(seeds), seed_share)
@@ -423,11 +338,8 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "dispatch", s
     target = cycle_clusters or max(2, problem.n_groups // 10)
     if cycles is None:
         cycles = max(1, int(budget.seconds // CYCLE_SECONDS)) if budget.seconds else 1
-    each = max(0.0, left - refine_share) / max(int(cycles), 1)
-    for k in range(int(cycles)):
-        if each <= 0 or not _vcycle(problem, budget, seed, tracker, k, target, each, runs_per_cluster,
-                                    sa_options, stages, rows):
-            break
+    rows += vcycles(problem, budget, seed, tracker, int(cycles), max(0.0, left - refine_share), target,
+                    runs_per_cluster, sa_options, note=stages.note)
     meta.update(_finish(problem, budget, seed, tracker, fallback, stages, sa_options))
     meta["best_from"] = stages.best_from
     return meta

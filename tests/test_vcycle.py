@@ -1,0 +1,50 @@
+"""V-cycles (search/vcycle.py) and sa's use of them on large problems."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from placetool.costmodel import CostModel, presets
+from placetool.search import Budget, Problem, annealing, run
+from placetool.search.tracker import Tracker
+from placetool.search.vcycle import vcycles
+
+
+@pytest.fixture(scope="module")
+def p1k():
+    return Problem(CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x4")))
+
+
+def test_sa_runs_its_vcycles_from_the_seeds_best_and_keeps_the_budget(p1k):
+    seed_step = run("m-etf", p1k, Budget(evals=10), seed=0).step_time_us
+    r = run("sa", p1k, Budget(evals=300), seed=0, seeds="m-etf", cycles=2)
+    assert [row["stage"] for row in r.metadata["levels"]] == ["v-cycle 1", "v-cycle 2"]
+    assert r.evaluations <= 300 and r.feasible and r.step_time_us <= seed_step
+    assert r.step_time_us == pytest.approx(p1k.cost_model.simulate(r.placement).step_time_us)
+    again = run("sa", p1k, Budget(evals=300), seed=0, seeds="m-etf", cycles=2)
+    assert np.array_equal(again.assignment, r.assignment)  # same seed, same answer
+
+
+def test_sa_cycles_by_default_only_under_seconds_on_large_problems(p1k, monkeypatch):
+    """One cycle per 15 s of a seconds budget, on problems of CYCLE_MIN_GROUPS groups."""
+    cycles = annealing._default_cycles
+    assert p1k.n_groups < annealing.CYCLE_MIN_GROUPS and cycles(p1k, Budget(seconds=60), None) == 0
+    monkeypatch.setattr(annealing, "CYCLE_MIN_GROUPS", p1k.n_groups)
+    assert [cycles(p1k, Budget(seconds=s), None) for s in (10, 15, 29.9, 60)] == [0, 1, 1, 4]
+    assert cycles(p1k, Budget(evals=10_000), None) == 0
+    assert cycles(p1k, Budget(seconds=60), np.zeros(p1k.n_groups, np.int32)) == 0  # islands, refinement
+
+
+def test_vcycles_coarsen_and_never_lose_the_best(p1k):
+    tracker = Tracker(p1k, Budget(evals=200))
+    start = np.arange(p1k.n_groups, dtype=np.int32) % p1k.n_devices
+    start = np.where(p1k.allowed[np.arange(p1k.n_groups), start], start, np.argmax(p1k.allowed, axis=1)).astype(np.int32)
+    first = float(tracker.evaluate(start).step_time_us[0])
+    rows = vcycles(p1k, Budget(evals=200), 0, tracker, cycles=2, share=0.9, target=80)
+    assert [row["stage"] for row in rows] == ["v-cycle 1", "v-cycle 2"]
+    assert all(row["clusters"] < p1k.n_groups for row in rows)
+    assert tracker.best_step_us <= first and tracker.evaluations <= 200
+    improved = [row["fine_step_us"] for row in rows if row["fine_step_us"] is not None]
+    assert not improved or min(improved) >= tracker.best_step_us
+
