@@ -44,7 +44,7 @@ on clusters of groups that keep the best placement, one per 15 s of budget, in
 :data:`CYCLE_SHARE` of what the seeds left; ``metadata["levels"]``), then anneals on the
 groups from their best. There a move of one group changes too little: on nmt/k80x4 sa's
 minute on the groups alone stays at 160-168 ms, with the cycles first it ends at
-145.8-149.2 (transformer, whose cycles gain little, loses 1-1.5%).
+143.9-149.4 (transformer, whose cycles gain little, loses 1-1.5%).
 """
 
 from __future__ import annotations

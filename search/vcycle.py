@@ -6,7 +6,7 @@ with ``assignment``), so the coarse problem holds that placement exactly, anneal
 clusters from it and scores the best projected back on the fine problem. A move of a
 cluster moves many groups at once, and the coarse graph simulates faster, so on graphs of
 thousands of groups the cycle gets out of where annealing on the groups settles: on
-nmt/k80x4 sa's minute ends at 145.8-149.2 ms with four cycles first, at 160-168 on the
+nmt/k80x4 sa's minute ends at 143.9-149.4 ms with four cycles first, at 160-168 on the
 groups alone. Each cycle draws its own clusters. ``multilevel`` runs them after its
 critical-path pulls, ``sa`` after its seeds on large graphs.
 """
