@@ -1,0 +1,151 @@
+"""Where a split step's time goes that the simulator does not see, from recorded timelines.
+
+Reads the folders that ``timeline_fit.py record DIR`` writes and prints two tables,
+without TensorFlow:
+
+1. **Transfers.** Per graph, over every traced split step: the delivery (producer end to
+   arrival) against the lone-transfer estimate of the calibrated links; how long after
+   the producer ended the RecvTensor call started, and how long the call itself took;
+   and the share of the delivery in which the sender and the receiver were computing.
+2. **Replay in the executor's own order.** Every traced step scheduled with its traced
+   op times, each device running its ops in their traced order, and every transfer taking
+   its traced delivery (:func:`traced_order_span`), with a per-message cost ``a + k x
+   bytes`` that occupies the sending and the receiving device but not the wire. With no
+   cost this leaves out only the runtime's time between ops, so the error it leaves is
+   what a device-side cost must explain; the grid shows which one does, on every graph.
+
+    .venv/bin/python benchmarks/timeline_decompose.py /tmp/tl [--costs 0:0,20:150,30:150]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def deliveries(step, graph_links=None) -> dict:
+    """Per data transfer of one traced step (control messages and unknown producers left
+    out): ``delivery`` (arrival - producer end), ``ask`` (RPC start - producer end),
+    ``rpc`` (the call's own time), ``sender_busy`` and ``receiver_busy`` (share of the
+    delivery each device spent in ops), and with ``graph_links`` = (latency, bandwidth)
+    the lone-transfer ``estimate`` (µs)."""
+    m = ~step.x_control & np.isfinite(step.x_producer_end) & (step.x_end > step.x_producer_end)
+    idx = np.flatnonzero(m)
+    a, b = step.x_producer_end[idx], step.x_end[idx]
+    out = {"delivery": b - a, "ask": step.x_start[idx] - a, "rpc": step.wire_us[idx]}
+    for key, devs in (("sender_busy", step.x_src[idx]), ("receiver_busy", step.x_dst[idx])):
+        share = np.empty(len(idx))
+        for j, (d, lo, hi) in enumerate(zip(devs, a, b)):
+            on = step.traced & (step.op_dev == d)
+            s, e = np.clip(step.op_start[on], lo, hi), np.clip(step.op_end[on], lo, hi)
+            share[j] = np.maximum(e - s, 0.0).sum() / (hi - lo)
+        out[key] = share
+    if graph_links is not None:
+        lat, bw = graph_links
+        s, d = step.x_src[idx], step.x_dst[idx]
+        out["estimate"] = lat[s, d] + step.x_bytes[idx] / bw[s, d]
+    return out
+
+
+def message_costs(graph, placement, a: float, k: float) -> tuple[np.ndarray, np.ndarray]:
+    """(receive cost, send cost) per op: ``a + k x bytes`` (k in µs per byte) for every
+    tensor sent once per destination device, charged to its consumers on that device
+    (each once) and to its producer."""
+    p = np.asarray(placement)
+    recv, send = np.zeros(graph.n_ops), np.zeros(graph.n_ops)
+    sent, got = set(), set()
+    for s, d, t in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_tensor.tolist()):
+        if t < 0 or p[s] == p[d]:
+            continue
+        c = a + k * float(graph.tensor_bytes[t])
+        if (t, int(p[d])) not in sent:
+            sent.add((t, int(p[d])))
+            send[s] += c
+        if (t, d) not in got:
+            got.add((t, d))
+            recv[d] += c
+    return recv, send
+
+
+def traced_order_span(graph, step, placement, a: float = 0.0, k: float = 0.0) -> float:
+    """The span of ``step`` rescheduled from its own facts: traced op times, each
+    device's traced ops in their traced order (untraced ops take no time and no place
+    in it), a transfer arriving its traced delivery after its producer ends (the longest
+    of a producer's to one device; a pair with no traced delivery arrives at once), and
+    per message ``a + k x bytes`` µs on both devices (:func:`message_costs`): before a
+    consumer starts, and after a producer ends, before its device's next op."""
+    p = np.asarray(placement, np.int64)
+    dur = np.where(step.traced, step.op_end - step.op_start, 0.0)
+    wire = {}
+    for x in np.flatnonzero(step.x_producer >= 0):
+        w = step.x_end[x] - step.x_producer_end[x]
+        if np.isfinite(w):
+            key = (int(step.x_producer[x]), int(step.x_dst[x]))
+            wire[key] = max(wire.get(key, 0.0), float(w))
+    recv, send = message_costs(graph, p, a, k)
+    preds = [[] for _ in range(graph.n_ops)]
+    for s, d in zip(graph.edge_src.tolist(), graph.edge_dst.tolist()):
+        preds[d].append((s, 0.0 if p[s] == p[d] else wire.get((s, int(p[d])), 0.0)))
+    key = np.where(step.traced, step.op_start, np.inf)
+    pending = sorted(range(graph.n_ops), key=lambda i: (key[i], graph.topo_rank[i]))
+    end = np.zeros(graph.n_ops)
+    done = np.zeros(graph.n_ops, bool)
+    free = {}  # device -> when its last traced op and that op's sends are done
+    while pending:
+        later = []
+        for i in pending:
+            if not all(done[s] for s, _ in preds[i]):
+                later.append(i)
+                continue
+            t = max((end[s] + w for s, w in preds[i]), default=0.0)
+            if step.traced[i]:
+                t = max(t, free.get(int(p[i]), 0.0)) + recv[i]
+            end[i] = t + dur[i]
+            done[i] = True
+            if step.traced[i]:
+                free[int(p[i])] = end[i] + send[i]
+        if len(later) == len(pending):
+            raise ValueError("the traced order and the graph's edges disagree")
+        pending = later
+    return float(end.max(initial=0.0))  # from 0, as the traced span is from its first op
+
+
+def main(argv=None) -> int:
+    from timeline_fit import load_dir, lone_links
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir")
+    ap.add_argument("--costs", default="0:0,20:0,20:150,30:150,20:250",
+                    help="per-message costs to replay with, a:k,... (µs per message : µs per MB)")
+    a = ap.parse_args(argv)
+    grid = [tuple(float(v) for v in c.split(":")) for c in a.costs.split(",")]
+    data = {d.name: load_dir(d) for d in sorted(Path(a.dir).iterdir()) if (d / "profile.json").exists()}
+    if not data:
+        raise SystemExit(f"{a.dir}: no recorded graphs (run timeline_fit.py record first)")
+    print(f"{'graph':<34} {'n':>6} {'delivery':>9} {'lone est.':>9} {'ask':>7} {'rpc':>7} {'sender':>7} {'receiver':>8}")
+    for name, (g, prof, recs, _) in data.items():
+        cl = lone_links(prof)
+        rows = [deliveries(st, (cl.latency_us, cl.bandwidth_bytes_per_us))
+                for label, rec in recs if not label.startswith("single") for st in rec.steps]
+        c = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+        print(f"{name[:34]:<34} {len(c['delivery']):>6} {np.median(c['delivery']):>9.0f} {np.median(c['estimate']):>9.0f} "
+              f"{np.median(c['ask']):>7.0f} {np.median(c['rpc']):>7.0f} {np.mean(c['sender_busy']):>7.2f} "
+              f"{np.mean(c['receiver_busy']):>8.2f}")
+    print("(µs, medians; sender and receiver: mean share of the delivery spent computing)\n")
+    print(f"{'graph':<34} " + " ".join(f"{f'{x:g}+{y:g}/MB':>16}" for x, y in grid))
+    for name, (g, prof, recs, _) in data.items():
+        cells = []
+        for x, y in grid:
+            err = np.array([100.0 * (traced_order_span(g, st, rec.placement, x, y * 1e-6) - st.span_us) / st.span_us
+                            for label, rec in recs if not label.startswith("single") for st in rec.steps])
+            cells.append(f"{np.median(err):+5.1f}|{np.median(np.abs(err)):4.1f}|{np.abs(err).max():4.0f}")
+        print(f"{name[:34]:<34} " + " ".join(f"{s:>16}" for s in cells))
+    print("(replay error against the traced span, %: median | median of |error| | max |error|)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
