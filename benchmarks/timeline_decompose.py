@@ -131,16 +131,17 @@ def main(argv=None) -> int:
         rows = [deliveries(st, (cl.latency_us, cl.bandwidth_bytes_per_us))
                 for label, rec in recs if not label.startswith("single") for st in rec.steps]
         c = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
-        print(f"{name[:34]:<34} {len(c['delivery']):>6} {np.median(c['delivery']):>9.0f} {np.median(c['estimate']):>9.0f} "
-              f"{np.median(c['ask']):>7.0f} {np.median(c['rpc']):>7.0f} {np.mean(c['sender_busy']):>7.2f} "
-              f"{np.mean(c['receiver_busy']):>8.2f}")
+        print(f"{name[:34]:<34} {len(c['delivery']):>6} {np.median(c['delivery']):>9.0f} "
+              f"{np.median(c['estimate']):>9.0f} {np.median(c['ask']):>7.0f} {np.median(c['rpc']):>7.0f} "
+              f"{np.mean(c['sender_busy']):>7.2f} {np.mean(c['receiver_busy']):>8.2f}")
     print("(µs, medians; sender and receiver: mean share of the delivery spent computing)\n")
     print(f"{'graph':<34} " + " ".join(f"{f'{x:g}+{y:g}/MB':>16}" for x, y in grid))
     for name, (g, prof, recs, _) in data.items():
         cells = []
         for x, y in grid:
-            err = np.array([100.0 * (traced_order_span(g, st, rec.placement, x, y * 1e-6) - st.span_us) / st.span_us
-                            for label, rec in recs if not label.startswith("single") for st in rec.steps])
+            spans = [(traced_order_span(g, st, rec.placement, x, y * 1e-6), st.span_us)
+                     for label, rec in recs if not label.startswith("single") for st in rec.steps]
+            err = np.array([100.0 * (r - m) / m for r, m in spans])
             cells.append(f"{np.median(err):+5.1f}|{np.median(np.abs(err)):4.1f}|{np.abs(err).max():4.0f}")
         print(f"{name[:34]:<34} " + " ".join(f"{s:>16}" for s in cells))
     print("(replay error against the traced span, %: median | median of |error| | max |error|)")

@@ -260,7 +260,8 @@ def _default_cycles(problem, budget, start) -> int:
 
 def _after_vcycles(problem, budget, seed, tracker, cycles, batch, seeds_, meta) -> list:
     """Run ``cycles`` V-cycles from the seeds' best in :data:`CYCLE_SHARE` of what is
-    left of the budget (``metadata["levels"]``); returns the seeds with the tracker's best, if new, first."""
+    left of the budget (``metadata["levels"]``); returns the seeds with the tracker's
+    best among them, in order of objective, if it is new."""
     from .vcycle import vcycles  # it anneals on its clusters with this module's anneal
 
     if budget.seconds:
@@ -451,8 +452,8 @@ class _Walk:
         return float(objective([r[0]], [r[1]], np.atleast_2d(r[2]), self.cap, self.ref)[0])
 
 
-@register("sa", summary="Simulated annealing with moves aimed at the simulated critical path, from the seeding methods' best "
-                       "placement (on 2,000 groups or more, after V-cycles on clusters of groups)")
+@register("sa", summary="Simulated annealing with moves aimed at the simulated critical path, from the seeding "
+                       "methods' best placement (on 2,000 groups or more, after V-cycles on clusters of groups)")
 def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = "auto", batch: Count | None = None,
            guided: Share = 0.7, swap: Share = 0.1, accept_start: Share = 0.05, accept_end: Share = 0.001,
            window: Count = 50, patience: Count | None = None, seeds: Seeds | None = None,

@@ -36,15 +36,17 @@ def test_sa_cycles_by_default_only_under_seconds_on_large_problems(p1k, monkeypa
     assert cycles(p1k, Budget(seconds=60), np.zeros(p1k.n_groups, np.int32)) == 0  # islands, refinement
 
 
-def test_vcycles_coarsen_and_never_lose_the_best(p1k):
+def test_vcycles_coarsen_and_improve_a_poor_start(p1k):
     tracker = Tracker(p1k, Budget(evals=200))
     start = np.arange(p1k.n_groups, dtype=np.int32) % p1k.n_devices
-    start = np.where(p1k.allowed[np.arange(p1k.n_groups), start], start, np.argmax(p1k.allowed, axis=1)).astype(np.int32)
+    ok = p1k.allowed[np.arange(p1k.n_groups), start]
+    start = np.where(ok, start, np.argmax(p1k.allowed, axis=1)).astype(np.int32)  # round robin where allowed
     first = float(tracker.evaluate(start).step_time_us[0])
     rows = vcycles(p1k, Budget(evals=200), 0, tracker, cycles=2, share=0.9, target=80)
     assert [row["stage"] for row in rows] == ["v-cycle 1", "v-cycle 2"]
-    assert all(row["clusters"] < p1k.n_groups for row in rows)
-    assert tracker.best_step_us <= first and tracker.evaluations <= 200
-    improved = [row["fine_step_us"] for row in rows if row["fine_step_us"] is not None]
-    assert not improved or min(improved) >= tracker.best_step_us
+    assert all(row["clusters"] < p1k.n_groups and row["evaluations"] > 0 for row in rows)
+    assert tracker.evaluations <= 200
+    # round robin splits every chain; moving whole clusters takes the step well below it
+    assert tracker.best_step_us < 0.9 * first  # 15% below it with this seed
+    assert tracker.best_step_us == min(r["fine_step_us"] for r in rows if r["fine_step_us"] is not None)
 
