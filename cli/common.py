@@ -308,10 +308,17 @@ def compile_note(enabled: bool = True):
         yield
         return
     from numba.core import event
+    from numba.core.dispatcher import ObjModeLiftedWith
 
     class _Note(event.Listener):
         def on_start(self, ev):
-            fn = getattr((ev.data or {}).get("dispatcher"), "py_func", None)
+            d = (ev.data or {}).get("dispatcher")
+            if isinstance(d, ObjModeLiftedWith):
+                # a kernel's ``with objmode`` block (the list schedulers' clock reading) is
+                # compiled again in every process, even from a warm cache, in a fraction of
+                # a second: it is not the first run's pause, and "once" would be untrue
+                return
+            fn = getattr(d, "py_func", None)
             if not _COMPILE_NOTED and getattr(fn, "__module__", "").startswith("placetool."):
                 _COMPILE_NOTED.append(True)
                 # on a terminal, over the progress bar's line (it is drawn again on its next step)

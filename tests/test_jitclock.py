@@ -109,6 +109,29 @@ def test_the_cli_says_once_why_a_first_run_pauses(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_the_note_leaves_out_the_objmode_block_that_every_process_compiles(monkeypatch, capsys):
+    """The list schedulers' clock reading (``with objmode``) compiles in every process,
+    warm cache or not: saying "compiling ..., once" for it on every run was untrue."""
+    import subprocess
+    import sys
+
+    from placetool.cli import common
+
+    code = ("from placetool.cli import common\n"
+            "from placetool.search.listsched_kernels import _out_of_time\n"
+            "with common.compile_note(True):\n"
+            "    _out_of_time(64, 1e300)\n")
+    # fresh processes: the first may fill numba's cache for the kernel itself (a real
+    # first run, which the note is for); in the second only the block compiles
+    for _ in range(2):
+        warm = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert common.COMPILE_NOTE not in warm.stderr
+    monkeypatch.setattr(common, "_COMPILE_NOTED", [])
+    with common.compile_note(True):
+        _fresh_kernel(module="placetool.search.kernels_of_a_test")(np.arange(2.0))
+    assert capsys.readouterr().err == common.COMPILE_NOTE + "\n"  # other kernels still say it
+
+
 def test_a_child_forked_during_a_compile_has_a_running_clock():
     import multiprocessing
 
