@@ -35,7 +35,7 @@ def deliveries(step, graph_links=None) -> dict:
     m = ~step.x_control & np.isfinite(step.x_producer_end) & (step.x_end > step.x_producer_end)
     idx = np.flatnonzero(m)
     a, b = step.x_producer_end[idx], step.x_end[idx]
-    out = {"delivery": b - a, "ask": step.x_start[idx] - a, "rpc": step.wire_us[idx]}
+    out = {"delivery": step.delivery_us[idx], "ask": step.x_start[idx] - a, "rpc": step.wire_us[idx]}
     for key, devs in (("sender_busy", step.x_src[idx]), ("receiver_busy", step.x_dst[idx])):
         share = np.empty(len(idx))
         for j, (d, lo, hi) in enumerate(zip(devs, a, b)):

@@ -273,12 +273,15 @@ def _after_vcycles(problem, budget, seed, tracker, cycles, batch, seeds_, meta) 
     best = tracker.best_assignment
     if best is None or any(np.array_equal(best, a) for _, _, a in seeds_):
         return seeds_
-    try:
-        r = tracker.evaluate(best)
-    except BudgetExhausted:
-        return seeds_
-    o = float(objective(r.step_time_us, r.feasible, r.peak_memory_bytes, problem.cost_model.capacity,
-                        tracker.best_feasible_us)[0])
+    if tracker.best_feasible:  # the cycles scored it: a feasible one's objective is its step
+        o = tracker.best_step_us
+    else:  # over memory its objective needs its peaks
+        try:
+            r = tracker.evaluate(best)
+        except BudgetExhausted:
+            return seeds_
+        o = float(objective(r.step_time_us, r.feasible, r.peak_memory_bytes, problem.cost_model.capacity,
+                            tracker.best_feasible_us)[0])
     return sorted([(o, "v-cycles", best.copy())] + list(seeds_), key=lambda x: x[0])
 
 
