@@ -23,12 +23,13 @@ is the measured best. ``--op-times recorded`` puts each device's one-device reco
 place of the profiled op times: the communication model's error alone.
 
 ``replay DIR``: every traced step of every split recording, simulated with its own traced
-op times on the lone-transfer links (no device-side cost) under ``links.send`` "eager"
-and "idle": the error of the rules alone, against the traced span.
+op times on the lone-transfer links under each ``links.send`` rule of ``--send``
+(default "eager" and "idle") and each per-message cost of ``--costs`` (on both ends;
+default none): the error of the rules alone, against the traced span.
 
     .venv/bin/python benchmarks/timeline_fit.py record /tmp/tl
     .venv/bin/python benchmarks/timeline_fit.py fit /tmp/tl [--op-times recorded] [--json]
-    .venv/bin/python benchmarks/timeline_fit.py replay /tmp/tl
+    .venv/bin/python benchmarks/timeline_fit.py replay /tmp/tl [--send eager,idle,aside] [--costs 0:0,20:150]
 """
 
 from __future__ import annotations
@@ -113,6 +114,9 @@ def main(argv=None) -> int:
     r.add_argument("--seed", type=int, default=0)
     rp = sub.add_parser("replay")
     rp.add_argument("dir")
+    rp.add_argument("--send", default="eager,idle", help="links.send rules to replay under, comma separated")
+    rp.add_argument("--costs", default="0:0",
+                    help="per-message costs on both ends, a:k,... (µs per message : µs per MB)")
     f = sub.add_parser("fit")
     f.add_argument("dir")
     f.add_argument("--json", action="store_true")
@@ -231,28 +235,42 @@ def steps_idle_cluster(data, name, fit_on=None):
     return with_transfer_params(base, fit.params)
 
 
+def with_message_costs(cluster, a_us: float, k_us_per_byte: float):
+    """``cluster`` with ``a + k x bytes`` µs per message on both ends of every transfer
+    (send and receive task costs of every device), its links untouched."""
+    from dataclasses import replace
+
+    devs = [replace(d, send_us=a_us, send_us_per_byte=k_us_per_byte, recv_us=a_us, recv_us_per_byte=k_us_per_byte)
+            for d in cluster.devices]
+    return replace(cluster, devices=devs)
+
+
 def replay_main(a) -> None:
     from placetool.costmodel import CostModel
 
-    print(f"{'graph':<46} {'send':<6} {'median err%':>11} {'med|err|%':>9} {'max|err|%':>9} {'within 5%':>9}")
+    rules = a.send.split(",")
+    grid = [tuple(float(v) for v in c.split(":")) for c in a.costs.split(",")]
+    print(f"{'graph':<46} {'send':<6} {'cost':>10} {'median err%':>11} {'med|err|%':>9} {'max|err|%':>9} "
+          f"{'within 5%':>9}")
     for gdir in sorted(Path(a.dir).iterdir()):
         if not (gdir / "profile.json").exists():
             continue
         g, prof, recs, _ = load_dir(gdir)
-        errs = {"eager": [], "idle": []}
+        errs = {(send, c): [] for send in rules for c in grid}
+        clusters = {(send, c): with_message_costs(lone_links(prof, send), c[0], c[1] * 1e-6) for send, c in errs}
         for label, rec in recs:
             if label.startswith("single"):
                 continue
             p = np.ascontiguousarray(rec.placement, np.int32)
             for st in rec.steps:
                 T = np.repeat(np.where(st.traced, st.op_us, 0.0)[:, None], rec.n_devices, axis=1)
-                for send, e in errs.items():
-                    ms = CostModel(g, lone_links(prof, send), op_times=T).simulate(p).step_time_us
+                for key, e in errs.items():
+                    ms = CostModel(g, clusters[key], op_times=T).simulate(p).step_time_us
                     e.append(100.0 * (ms - st.span_us) / st.span_us)
-        for send, e in errs.items():
+        for (send, (x, y)), e in errs.items():
             e = np.array(e)
-            print(f"{gdir.name:<46} {send:<6} {np.median(e):>+11.1f} {np.median(np.abs(e)):>9.1f} "
-                  f"{np.abs(e).max():>9.1f} {100 * np.mean(np.abs(e) <= 5):>8.0f}%")
+            print(f"{gdir.name[:46]:<46} {send:<6} {f'{x:g}+{y:g}/MB':>10} {np.median(e):>+11.1f} "
+                  f"{np.median(np.abs(e)):>9.1f} {np.abs(e).max():>9.1f} {100 * np.mean(np.abs(e) <= 5):>8.0f}%")
 
 
 def fit_main(a, log) -> None:

@@ -23,7 +23,7 @@ A cluster file looks like::
     bandwidth_bytes_per_us = 1.2e4
 
     # queue = "fifo"                     # optional: "fifo" (default) or "none", see below
-    # send = "eager"                     # optional: "eager" (default) or "idle", see below
+    # send = "eager"                     # optional: "eager" (default), "idle" or "aside", see below
 
     [[links.pairs]]                      # optional overrides, one direction each
     src = "gpu:0"
@@ -50,6 +50,9 @@ task, even of zero time, that the device runs after all its ready ops. So a Tens
 worker behaves, whose RecvTensor handler waits in the inter-op pool's queue behind the
 executor's own work (traced steps: a worker running a chain of ops sends nothing until
 the chain ends; benchmarks/README.md, "Transfers wait for the sender to fall idle").
+``"aside"``: as soon as its producer ends, and the send task runs beside the link
+transfer, first on its device, instead of before it: CPU the sender spends on a message
+already on its way (traced steps: benchmarks/README.md, "What a device pays per message").
 
 Units: microseconds, bytes, FLOPs.
 """
@@ -104,7 +107,7 @@ LINK_KEYS = frozenset({"latency_us", "bandwidth_bytes_per_us"})
 #: how transfers on one directed link share it (``links.queue``; see the module docstring)
 LINK_QUEUES = ("fifo", "none")
 #: when a tensor leaves its source device (``links.send``; see the module docstring)
-LINK_SENDS = ("eager", "idle")
+LINK_SENDS = ("eager", "idle", "aside")
 #: limits on a cluster file's figures: memory sums stay in int64, op and transfer times finite
 MAX_MEMORY = 1 << 60
 MAX_LATENCY_US = 1e12

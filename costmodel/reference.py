@@ -28,6 +28,12 @@ bit-identical numbers. The rules (also in docs/simulator.md):
   duration 0, and a device starts a send task only when it has no ready op or receive
   task: a send task's key is ``(1, ready time, rank, tensor, destination, kind)`` against
   ``(0, ...)`` for everything else. (``"eager"``: every key has the leading 0.)
+- With ``link_send`` ``"aside"``, the send task does not gate the wire: the link transfer
+  is queued when the producer ends, and the send task (made only where its duration is
+  not 0) runs on the source device beside it, before anything else the device holds: its
+  key is ``(-1, ready time, ...)``. It is CPU the sender spends on the message (for a
+  TensorFlow worker: serialising it and serving the RecvTensor call) while the bytes are
+  already on their way. The outputs are held until the link transfer ends, as always.
 - Memory per device: parameter bytes of the ops placed there, always; an op's outputs
   from its start until its last local consumer has finished and its outgoing transfers
   are done (send task and link transfer; at its end if nothing consumes them); a
@@ -73,6 +79,7 @@ def simulate(graph, T, placement, cluster) -> RefResult:
     devs = cluster.devices
     fifo = cluster.link_queue == "fifo"
     idle_sends = cluster.link_send == "idle"
+    aside_sends = cluster.link_send == "aside"
     p = [int(x) for x in placement]
     rank = [int(x) for x in graph.topo_rank]
     tensor_op = [int(x) for x in graph.tensor_op]
@@ -127,7 +134,8 @@ def simulate(graph, T, placement, cluster) -> RefResult:
 
     def task_key(x, kind, now):
         t, dst = transfers[x][0], transfers[x][2]
-        return (int(idle_sends and kind == SEND), now, rank[tensor_op[t]], t, dst, kind, x)
+        cls = (int(idle_sends) - int(aside_sends)) if kind == SEND else 0
+        return (cls, now, rank[tensor_op[t]], t, dst, kind, x)
 
     def input_arrived(op, now):
         missing[op] -= 1
@@ -197,7 +205,11 @@ def simulate(graph, T, placement, cluster) -> RefResult:
                 else:
                     x = copy_of[(t, dc)] = len(transfers)
                     transfers.append([t, d, dc, 0.0, 0.0, 1])
-                    if send_time(x) == 0 and not idle_sends:
+                    if aside_sends:
+                        to_link(x)
+                        if send_time(x) != 0:
+                            heapq.heappush(ready[d], task_key(x, SEND, now))
+                    elif send_time(x) == 0 and not idle_sends:
                         to_link(x)
                     else:
                         heapq.heappush(ready[d], task_key(x, SEND, now))
@@ -209,7 +221,8 @@ def simulate(graph, T, placement, cluster) -> RefResult:
 
     def send_done(x):
         running[transfers[x][1]] = False
-        to_link(x)
+        if not aside_sends:
+            to_link(x)
 
     def arrived(x, now):
         t, d = transfers[x][0], transfers[x][2]

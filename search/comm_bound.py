@@ -11,7 +11,8 @@ the topological order:
 A data edge ``u -> v`` between devices ``a != b`` delays ``v`` by at least the transfer's
 three stages as the simulator charges them (docs/simulator.md): ``a``'s send cost, the
 link's ``latency + bytes / bandwidth`` and ``b``'s receive cost, each of which starts no
-earlier than the one before ends (queues on links or devices only add waiting). A
+earlier than the one before ends (queues on links or devices only add waiting); with
+``links.send`` "aside" the send cost runs beside the link and is left out. A
 control edge, or a data edge within one device, delays nothing beyond the producer's end.
 Ops of one colocation group share a device, so an edge inside a group never crosses.
 
@@ -97,8 +98,17 @@ def make_net(problem) -> Net:
         out_ptr=np.searchsorted(g.edge_src[o], np.arange(n + 1)).astype(np.int64),
         out_dst=c(g.edge_dst[o], np.int64), out_bytes=c(nbytes[o], np.float64),
         lat=c(cl.latency_us, np.float64), bw=c(cl.bandwidth_bytes_per_us, np.float64),
-        dev_cost=c(cl.transfer_costs(), np.float64),
+        dev_cost=c(_delaying_costs(cl), np.float64),
     )
+
+
+def _delaying_costs(cl) -> np.ndarray:
+    """The device-side transfer costs that delay a consumer: with ``links.send`` "aside"
+    the send task runs beside the link transfer, so only the receive task is on the path."""
+    costs = np.array(cl.transfer_costs(), np.float64)
+    if cl.link_send == "aside":
+        costs[:2] = 0.0
+    return costs
 
 
 @njit(cache=True, inline="always")

@@ -100,7 +100,7 @@ def cost_models(min_ops=1, max_ops=24, min_devices=1, max_devices=4, max_param=5
                 costs[key] = [draw(st.sampled_from(values)) for _ in range(D)]
         c = cluster(D, kinds=["gpu"] * D, memory=draw(st.sampled_from(memories)), name="h",
                     link_queue=draw(st.sampled_from(["fifo", "none"])),
-                    link_send=draw(st.sampled_from(["eager", "idle"])), **costs)
+                    link_send=draw(st.sampled_from(["eager", "idle", "aside"])), **costs)
         c.latency_us[:] = [[draw(st.sampled_from([0.0, 1.0, 2.0])) for _ in range(D)] for _ in range(D)]
         c.bandwidth_bytes_per_us[:] = [[draw(st.sampled_from([1.0, 10.0, 100.0])) for _ in range(D)]
                                        for _ in range(D)]

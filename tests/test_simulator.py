@@ -89,7 +89,7 @@ def test_link_send_round_trips_and_is_checked(tmp_path):
     assert "send" not in cluster().to_dict()["links"]
     c.save(tmp_path / "c.toml")
     assert Cluster.load(tmp_path / "c.toml").link_send == "idle"
-    with pytest.raises(Exception, match="links.send must be one of 'eager', 'idle', got 'late'"):
+    with pytest.raises(Exception, match="links.send must be one of 'eager', 'idle', 'aside', got 'late'"):
         cluster(link_send="late")
 
 
@@ -109,6 +109,31 @@ def test_an_idle_send_waits_until_the_sender_has_no_ready_op(send_us, send, want
     assert r.trace.tasks() == ([] if want_task is None else [("send", 0, 0, *want_task)])
     idle_first = send == "idle" or send_us == 0
     assert list(r.trace.op_start[2:]) == ([10.0, 15.0] if idle_first else [13.0, 18.0])
+
+
+@pytest.mark.parametrize("send_us, send, want", [
+    (3.0, "eager", dict(c=10.0, task=(15.0, 18.0), link=(18.0, 29.0), b=29.0)),
+    (3.0, "idle", dict(c=10.0, task=(15.0, 18.0), link=(18.0, 29.0), b=29.0)),
+    (3.0, "aside", dict(c=13.0, task=(10.0, 13.0), link=(10.0, 21.0), b=21.0)),
+    (0.0, "aside", dict(c=10.0, task=None, link=(10.0, 21.0), b=21.0))])
+def test_an_aside_send_runs_first_and_beside_the_wire(send_us, send, want):
+    """a (d0, 0..10) feeds b on d1 (100 bytes: 1 + 100/10 = 11 µs on the link); c on d0
+    was ready since 0. eager and idle: c (ready first) runs 10..15, then the send task,
+    then the link; b starts at 29. aside: the link runs from 10, and the send task goes
+    before c (10..13), so b starts at 21 and c at 13; with no send cost, no task and c at
+    10. d0's busy time counts the send task either way."""
+    cm = model({"a": 100, "b": 1, "c": 1}, [("a", "b")], [[10, 10], [1, 1], [5, 5]],
+               latency=1.0, bandwidth=10.0, link_send=send, send_us=send_us)
+    r = run(cm, [0, 1, 0])
+    assert r.trace.op_start[2] == want["c"] and r.trace.op_start[1] == want["b"]
+    assert (r.trace.x_start[0], r.trace.x_end[0]) == want["link"]
+    assert r.trace.tasks() == ([] if want["task"] is None else [("send", 0, 0, *want["task"])])
+    assert r.step_time_us == max(want["b"] + 1, want["c"] + 5)
+    assert r.busy_us[0] == 15.0 + (send_us if want["task"] else 0.0)
+    if send_us == 0.0:  # all-zero costs: today's eager schedule
+        eager = run(model({"a": 100, "b": 1, "c": 1}, [("a", "b")], [[10, 10], [1, 1], [5, 5]],
+                          latency=1.0, bandwidth=10.0), [0, 1, 0])
+        assert list(eager.trace.op_start) == list(r.trace.op_start)
 
 
 def test_chain_on_one_device_is_the_sum_of_its_ops():

@@ -24,7 +24,7 @@ from numba import njit
 from .checkpoints import converged, save
 from .queues import evq_push, readyq_push, readyq_sort, taskq_push, time_bits
 from .state import (CKF_NEXT_T, CKI_WM, CKI_WO, LOW, RECV_US, RECV_US_PER_BYTE, SC_EPOCH, SC_N_CK, SC_N_EV, SC_N_X,
-                    SEND_LAST, SEND_US, SEND_US_PER_BYTE, SF_MAKESPAN, SF_NOW, TASK_SEND_END, TASK_SEND_START, U64)
+                    SEND_FIRST, SEND_LAST, SEND_US, SEND_US_PER_BYTE, SF_MAKESPAN, SF_NOW, TASK_SEND_END, TASK_SEND_START, U64)
 
 # Event kinds, in the order events of one instant are handled (see reference.py).
 OP_DONE = 0
@@ -97,8 +97,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
     tensor_op, tensor_bytes, op_tensor_ptr = net.tensor_op, net.tensor_bytes, net.op_tensor_ptr
     tensor_ptr, tensor_cons, ctrl_ptr, ctrl_dst = net.tensor_ptr, net.tensor_cons, net.ctrl_ptr, net.ctrl_dst
     in_ptr, in_tensor, latency, bandwidth, xcost = net.in_ptr, net.in_tensor, net.latency, net.bandwidth, net.xcost
-    has_tasks, fifo_links, idle_sends = net.has_tasks, net.fifo_links, net.idle_sends
-    send_class = SEND_LAST if idle_sends else np.int64(0)
+    has_tasks, fifo_links, idle_sends, aside_sends = net.has_tasks, net.fifo_links, net.idle_sends, net.aside_sends
+    send_class = SEND_LAST if idle_sends else (SEND_FIRST if aside_sends else np.int64(0))
     lat_l, bw_l = latency.reshape(-1), bandwidth.reshape(-1)  # by link l = src * D + dst
     live, livepeak, seg, busy, running = w.live, w.livepeak, w.seg, w.busy, w.running
     rq, rq_base, rq_size = w.rq, w.rq_base, w.rq_size
@@ -328,7 +328,8 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                             tq_size[U64(d)] = taskq_push(tq_k1, tq_k2, tq_id, tq_base[U64(d)], tq_size[U64(d)],
                                                          send_class | (epoch << 32) | rank[U64(op)], (t * D + dc) * 2,
                                                          x * 2)
-                            continue
+                            if not aside_sends:  # the wire waits for the send task
+                                continue
                         l = d * D + dc
                         n_pending = link_append(x_next, link_head, link_tail, link_pending, pending, n_pending, l, x)
                 for e in range(ctrl_ptr[U64(op)], ctrl_ptr[U64(op + 1)]):
@@ -345,13 +346,15 @@ def _run(net, w, ck, base, placement, moved_ops, start_ck, n_ck, record, every, 
                 if refs == 0:
                     live[U64(d)] -= out_bytes[U64(op)]
             elif kind_key < 2 * key_span:
-                # ==== reference.send_done: a send task ended: the transfer joins its link's queue (to_link)
+                # ==== reference.send_done: a send task ended: the transfer joins its link's queue
+                # (to_link), unless it joined when made ("aside")
                 x = i
                 s = x_src[U64(x)]
                 running[U64(s)] = False
                 n_dpend = mark(dev_pending, dpend, n_dpend, s)
-                l = s * D + x_dst[U64(x)]
-                n_pending = link_append(x_next, link_head, link_tail, link_pending, pending, n_pending, l, x)
+                if not aside_sends:  # an aside send's transfer joined its link when made
+                    l = s * D + x_dst[U64(x)]
+                    n_pending = link_append(x_next, link_head, link_tail, link_pending, pending, n_pending, l, x)
             else:
                 x = i
                 t = x_tensor[U64(x)]

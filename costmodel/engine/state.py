@@ -38,6 +38,10 @@ LOW = np.int64(0xFFFFFFFF)
 #: the bit an idle send's task key carries (cluster.link_send "idle"): it sorts after every
 #: receive task and above every op key, so the device runs it only with nothing else ready
 SEND_LAST = np.int64(1) << np.int64(62)
+#: the bits an aside send's task key carries (cluster.link_send "aside"): a negative key,
+#: so it sorts before every other task and every op key (its epoch and rank bits stay
+#: below, and ``(key >> 32) & EPOCH`` still reads its epoch)
+SEND_FIRST = np.int64(-1) << np.int64(62)
 #: a task key's epoch is ``(key >> 32) & EPOCH`` (epochs stay far below 2**30)
 EPOCH = np.int64((1 << 30) - 1)
 
@@ -111,6 +115,7 @@ class Net(NamedTuple):
     has_tasks: bool  # some device has a nonzero send/receive cost, or sends wait for an idle device
     fifo_links: bool  # transfers on one link run one at a time (cluster.link_queue "fifo"), else side by side
     idle_sends: bool  # a transfer leaves only when its device has no ready op (cluster.link_send "idle")
+    aside_sends: bool  # the send task runs first on its device, beside the link transfer ("aside")
 
 
 def make_net(graph, cluster, T) -> Net:
@@ -131,7 +136,7 @@ def make_net(graph, cluster, T) -> Net:
         in_tensor=a(c.in_tensor), n_inputs=a(c.n_inputs), latency=a(cluster.latency_us, np.float64),
         bandwidth=a(cluster.bandwidth_bytes_per_us, np.float64), xcost=xcost,
         has_tasks=bool(np.any(xcost != 0)) or idle_sends, fifo_links=cluster.link_queue == "fifo",
-        idle_sends=idle_sends,
+        idle_sends=idle_sends, aside_sends=cluster.link_send == "aside",
     )
 
 
