@@ -1,13 +1,18 @@
 """Where a split step's time goes that the simulator does not see, from recorded timelines.
 
-Reads the folders that ``timeline_fit.py record DIR`` writes and prints two tables,
+Reads the folders that ``timeline_fit.py record DIR`` writes and prints four tables,
 without TensorFlow:
 
 1. **Transfers.** Per graph, over every traced split step: the delivery (producer end to
    arrival) against the lone-transfer estimate of the calibrated links; how long after
    the producer ended the RecvTensor call started, and how long the call itself took;
    and the share of the delivery in which the sender and the receiver were computing.
-2. **Replay in the executor's own order.** Every traced step scheduled with its traced
+2. **The step's first call, and after a quiet spell.** When the step's first RecvTensor
+   call started and how much of the time before it no device computed; then the
+   deliveries split by how long no RPC had run when the producer ended (under 20 ms, or
+   20 ms and more, which holds each step's first transfers): the waits before the call
+   start gather there.
+3. **Replay in the executor's own order.** Every traced step scheduled with its traced
    op times, each device running its ops in their traced order, and every transfer taking
    its traced delivery (:func:`traced_order_span`), with a per-message cost ``a + k x
    bytes`` that occupies the sending and the receiving device but not the wire. With no
@@ -25,17 +30,24 @@ from pathlib import Path
 
 import numpy as np
 
+#: a transfer whose producer ends this long after the step's last RPC ended comes after a quiet spell
+QUIET_US = 20_000.0
+
 
 def deliveries(step, graph_links=None) -> dict:
     """Per data transfer of one traced step (control messages and unknown producers left
     out): ``delivery`` (arrival - producer end), ``ask`` (RPC start - producer end),
-    ``rpc`` (the call's own time), ``sender_busy`` and ``receiver_busy`` (share of the
-    delivery each device spent in ops), and with ``graph_links`` = (latency, bandwidth)
-    the lone-transfer ``estimate`` (µs)."""
+    ``rpc`` (the call's own time), ``quiet`` (how long before the producer's end the
+    last RPC of the step ended, on any link; inf for none), ``sender_busy`` and
+    ``receiver_busy`` (share of the delivery each device spent in ops), and with
+    ``graph_links`` = (latency, bandwidth) the lone-transfer ``estimate`` (µs)."""
     m = ~step.x_control & np.isfinite(step.x_producer_end) & (step.x_end > step.x_producer_end)
     idx = np.flatnonzero(m)
     a, b = step.x_producer_end[idx], step.x_end[idx]
     out = {"delivery": step.delivery_us[idx], "ask": step.x_start[idx] - a, "rpc": step.wire_us[idx]}
+    ends = np.sort(step.x_end[np.isfinite(step.x_end)])
+    k = np.searchsorted(ends, a, side="right")  # RPCs (any link, any kind) ended by the producer's end
+    out["quiet"] = np.where(k > 0, a - ends[np.maximum(k - 1, 0)], np.inf)
     for key, devs in (("sender_busy", step.x_src[idx]), ("receiver_busy", step.x_dst[idx])):
         share = np.empty(len(idx))
         for j, (d, lo, hi) in enumerate(zip(devs, a, b)):
@@ -48,6 +60,23 @@ def deliveries(step, graph_links=None) -> dict:
         s, d = step.x_src[idx], step.x_dst[idx]
         out["estimate"] = lat[s, d] + step.x_bytes[idx] / bw[s, d]
     return out
+
+
+def first_call(step) -> tuple[float, float]:
+    """(when the step's first RecvTensor call started, how much of the time before it no
+    device spent in an op), µs from the step's first op; (nan, nan) with no call."""
+    ok = np.isfinite(step.x_start)
+    if not ok.any():
+        return float("nan"), float("nan")
+    t0 = step.t0
+    t = float(step.x_start[ok].min())
+    on = step.traced
+    spans = sorted(zip(np.clip(step.op_start[on], t0, t), np.clip(step.op_end[on], t0, t)))
+    covered, reach = 0.0, t0
+    for s, e in spans:  # the union of the ops' intervals, clipped to [t0, t]
+        covered += max(e - max(s, reach), 0.0)
+        reach = max(reach, e)
+    return t - t0, (t - t0) - covered
 
 
 def message_costs(graph, placement, a: float, k: float) -> tuple[np.ndarray, np.ndarray]:
@@ -135,6 +164,25 @@ def main(argv=None) -> int:
               f"{np.median(c['estimate']):>9.0f} {np.median(c['ask']):>7.0f} {np.median(c['rpc']):>7.0f} "
               f"{np.mean(c['sender_busy']):>7.2f} {np.mean(c['receiver_busy']):>8.2f}")
     print("(µs, medians; sender and receiver: mean share of the delivery spent computing)\n")
+    print(f"{'graph':<34} {'first call':>10} {'p90':>6} {'no op before it':>15} {'of the span':>11} {'p90':>5}")
+    for name, (g, prof, recs, _) in data.items():
+        rows = [(*first_call(st), st.span_us) for label, rec in recs if not label.startswith("single")
+                for st in rec.steps]
+        f, idle, span = np.array([r for r in rows if np.isfinite(r[0])]).T
+        print(f"{name[:34]:<34} {np.median(f) / 1e3:>10.1f} {np.percentile(f, 90) / 1e3:>6.1f} "
+              f"{np.median(idle) / 1e3:>15.1f} {100 * np.median(idle / span):>10.1f}% {100 * np.percentile(idle / span, 90):>4.1f}%")
+    print("(ms from the step's first op to its first RecvTensor call, and the time before it in which no device"
+          " computed)\n")
+    print(f"{'graph':<34} {'quiet':>8} {'n':>6} {'delivery':>9} {'ask':>7} {'share of ask time':>17}")
+    for name, (g, prof, recs, _) in data.items():
+        rows = [deliveries(st) for label, rec in recs if not label.startswith("single") for st in rec.steps]
+        c = {k: np.concatenate([r[k] for r in rows]) for k in ("delivery", "ask", "quiet")}
+        for what, m in (("< 20 ms", c["quiet"] < QUIET_US), (">= 20 ms", c["quiet"] >= QUIET_US)):
+            share = np.clip(c["ask"][m], 0, None).sum() / max(np.clip(c["ask"], 0, None).sum(), 1e-9)
+            print(f"{name[:34]:<34} {what:>8} {int(m.sum()):>6} {np.median(c['delivery'][m]) if m.any() else np.nan:>9.0f} "
+                  f"{np.median(c['ask'][m]) if m.any() else np.nan:>7.0f} {100 * share:>16.0f}%")
+    print("(quiet: time since the step's last RPC ended, on any link, when the producer ended;"
+          " >= 20 ms holds the step's first transfers)\n")
     print(f"{'graph':<34} " + " ".join(f"{f'{x:g}+{y:g}/MB':>16}" for x, y in grid))
     for name, (g, prof, recs, _) in data.items():
         cells = []

@@ -53,6 +53,21 @@ def test_the_executor_order_replay_by_hand(bench):
     assert d["delivery"].tolist() == [30.0] and d["ask"].tolist() == [2.0] and d["rpc"].tolist() == [28.0]
     assert d["sender_busy"].tolist() == [pytest.approx(20 / 30)] and d["receiver_busy"].tolist() == [0.0]
     assert d["estimate"].tolist() == [pytest.approx(12.0)]
+    assert d["quiet"].tolist() == [np.inf]  # no call had ended when a did
+    # the first call starts at 12; a (0-10) and c (10-30) computed all the time before it
+    assert bench.first_call(st) == (12.0, 0.0)
+    late = Step(**{**st.__dict__, "x_start": np.array([35.0]), "x_end": np.array([40.0])})
+    assert bench.first_call(late) == (35.0, 5.0)  # 30-35: no op ran
+
+
+def test_quiet_counts_from_the_last_call_that_ended(bench):
+    g, st, _ = two_devices()
+    two = Step(**{**st.__dict__, "x_edge": ["a:0", "c:0"], "x_producer": np.array([0, 2]),
+                  "x_src": np.array([0, 0]), "x_dst": np.array([1, 1]), "x_bytes": np.array([8, 8], np.int64),
+                  "x_start": np.array([12.0, 31.0]), "x_end": np.array([14.0, 33.0]),
+                  "x_control": np.array([False, False]), "x_producer_end": np.array([10.0, 30.0]),
+                  "x_consumer_start": np.array([50.0, 50.0])})
+    assert bench.deliveries(two)["quiet"].tolist() == [np.inf, 16.0]
 
 
 def test_without_costs_the_replay_never_outlasts_the_recorded_step(bench):
