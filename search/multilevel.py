@@ -10,7 +10,8 @@ critical path:
 
 1. the seeding methods (``seeds``, default ``dispatch``: HEFT and the learnt
    dispatching rules, the best one-shot method on large graphs) run on the fine
-   problem within ``seed_share`` of the budget;
+   problem within ``seed_share`` of the budget (running on while nothing they scored
+   fits);
 2. where none finished or gave a feasible placement, a coarse pass (:func:`_descend`)
    anneals on each level of clusters (``clusters``, finest first; the finer levels' clusters are
    short in time, so a cluster's ops run close together), coarsest first, each level
@@ -62,6 +63,7 @@ from .coarsen import coarse_problem, cluster_levels
 from .errors import SearchError
 from .memory import fit_memory
 from .registry import Count, Positive, Seeds, Share, register
+from .seeding import seed_limits
 from .tracker import Budget, BudgetExhausted
 from .vcycle import CYCLE_SECONDS, anneal_coarse, coarse_budget, score_fine, vcycles
 
@@ -281,8 +283,10 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "dispatch", s
     ``seeds`` run on the fine problem within ``seed_share`` of the budget (a cap: the
     stage ends when they do; dispatch runs its schedules' memory rounds breadth first,
     so a quarter of 10 s on gnmt8 holds its best placement, and the pulls from it gain
-    more than its later rounds would) (``none``: skip them and start from the coarse
-    pass); rounds of critical-path pulls take ``pull_share`` of what is left, or end
+    more than its later rounds would; while nothing they scored fits, up to
+    :data:`~placetool.search.seeding.UNTIL_FEASIBLE_SHARE` of it, since that placement
+    comes 2.4-2.5 s in and a start that does not fit costs the search 70%) (``none``:
+    skip them and start from the coarse pass); rounds of critical-path pulls take ``pull_share`` of what is left, or end
     after ``pull_patience`` rounds in a row that keep nothing; ``cycles`` V-cycles
     (default one per :data:`CYCLE_SECONDS` of a seconds budget, at least one) of
     ``cycle_clusters`` clusters (default a tenth of the groups) share the rest but
@@ -347,15 +351,14 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "dispatch", s
 
 def _run_seeds(problem, budget, seed, tracker, names, share: float):
     """Run the seeding methods ``names`` on the fine problem within ``share`` of a
-    seconds budget (60 s under an evaluation budget), as sa's seeding does. Returns the
-    names that scored a placement and the fastest they scored over memory as (step time,
-    assignment) (None if none was), for the caller to fit where it beats every one
-    that fits."""
+    seconds budget (60 s under an evaluation budget; running on while nothing scored
+    fits), as sa's seeding does. Returns the names that scored a placement and the
+    fastest they scored over memory as (step time, assignment) (None if none was), for
+    the caller to fit where it beats every one that fits."""
     from .registry import get
 
-    limit = budget.seconds * share if budget.seconds else 60.0
     done = []
-    with tracker.sub_budget(limit) as rows:
+    with tracker.sub_budget(*seed_limits(budget, share)) as rows:
         for name in names:
             if tracker.done():
                 break

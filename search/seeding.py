@@ -14,6 +14,19 @@ from .memory import fit_memory
 from .registry import get, seed_names
 from .tracker import BudgetExhausted
 
+#: under a seconds budget, a seeding share that has scored no placement that fits runs
+#: on until one is scored, up to this share of the budget (Tracker.sub_budget)
+UNTIL_FEASIBLE_SHARE = 0.6
+
+
+def seed_limits(budget, share: float) -> tuple[float, float | None]:
+    """(seconds, until_feasible) of the seeding share: ``share`` of a seconds budget
+    (60 s under an evaluation budget), running on to :data:`UNTIL_FEASIBLE_SHARE` of it
+    while nothing scored fits."""
+    if not budget.seconds:
+        return 60.0, None
+    return budget.seconds * share, budget.seconds * max(share, UNTIL_FEASIBLE_SHARE)
+
 
 def objective(step, feasible, peak, capacity, feasible_ref: float = np.inf) -> np.ndarray:
     """What annealing minimises: the step time, or over memory a penalised one that is
@@ -36,12 +49,12 @@ def seed_assignments(problem, budget, seed, tracker, names=None, share=0.4):
     another one-shot method that finishes late still has its answer scored and kept.
     Seeds out of memory but faster than every feasible one are fitted into memory
     (:func:`fit_memory`) within the same share and join as ``NAME (fitted)``; objectives
-    are scored against the best feasible seed (:func:`objective`)."""
+    are scored against the best feasible seed (:func:`objective`). While none that
+    fits is scored, the share runs on (:func:`seed_limits`)."""
     cap = problem.cost_model.capacity
     names = seed_names(names)
-    limit = budget.seconds * share if budget.seconds else 60.0
     found, skipped = [], []  # (name, assignment, step, feasible, peak)
-    with tracker.sub_budget(limit) as rows:
+    with tracker.sub_budget(*seed_limits(budget, share)) as rows:
         for name in names:
             if tracker.done():
                 break

@@ -77,6 +77,10 @@ class Tracker:
         self.history: list[tuple[int, float, float]] = []
         self._deadline = np.inf  # of the innermost sub_budget, in work_clock seconds
         self._captures: list[list] = []
+        # the innermost sub_budget's end once a feasible placement is scored in it, when
+        # it may run on until one is (sub_budget's until_feasible); inf otherwise
+        self._soft_end = np.inf
+        self._soft_met = False
 
     @property
     def seconds(self) -> float:
@@ -103,15 +107,16 @@ class Tracker:
         """True once the budget is spent."""
         if self.budget.evals is not None and self.evaluations >= self.budget.evals:
             return True
-        now = work_clock()
-        return now >= self._deadline or (self.budget.seconds is not None and now - self.t0 >= self.budget.seconds)
+        return work_clock() >= self._clock_end()
 
     def _clock_end(self) -> float:
         """The work_clock reading at which the clock ends the search: the innermost
-        :meth:`sub_budget` or the budget's seconds, whichever comes first (inf: neither)."""
+        :meth:`sub_budget` (its share, or while it waits for a feasible placement its
+        longer limit) or the budget's seconds, whichever comes first (inf: neither)."""
+        end = min(self._deadline, self._soft_end) if self._soft_met else self._deadline
         if self.budget.seconds is not None:
-            return min(self._deadline, self.t0 + self.budget.seconds)
-        return self._deadline
+            return min(end, self.t0 + self.budget.seconds)
+        return end
 
     def seconds_left(self) -> float:
         """Seconds until :meth:`done` turns true by the clock (the innermost
@@ -128,13 +133,25 @@ class Tracker:
         return np.inf if self._deadline == np.inf else self._clock_end()
 
     @contextmanager
-    def sub_budget(self, seconds: float):
+    def sub_budget(self, seconds: float, until_feasible: float | None = None):
         """A share of the budget: inside the ``with``, :meth:`done` is also true once
         ``seconds`` have passed. Yields a list that collects every scored batch as an
         :class:`EvalResult`, also those a one-shot method scores after the share is spent
-        (see :func:`score`), so none is lost."""
-        outer = self._deadline
-        self._deadline = min(outer, work_clock() + float(seconds))
+        (see :func:`score`), so none is lost.
+
+        With ``until_feasible`` (seconds, more than ``seconds``), a share that has scored
+        no feasible placement by its end runs on until one is scored or that limit
+        passes: a memory-constrained scheduler whose first fitting schedule comes late
+        (gnmt8's comes after 2.4 s of a 2.5 s share) still gives the search a start that
+        fits, where one moment of a slow machine would otherwise leave it none."""
+        outer, outer_soft = self._deadline, (self._soft_end, self._soft_met)
+        now = work_clock()
+        if until_feasible is not None and until_feasible > seconds:
+            self._deadline = min(outer, now + float(until_feasible))
+            self._soft_end, self._soft_met = now + float(seconds), False
+        else:
+            self._deadline = min(outer, now + float(seconds))
+            self._soft_end, self._soft_met = np.inf, False
         rows: list[EvalResult] = []
         self._captures.append(rows)
         try:
@@ -142,6 +159,9 @@ class Tracker:
         finally:
             self._captures.pop()
             self._deadline = outer
+            # a feasible placement scored in here was scored in the enclosing share too
+            self._soft_end = outer_soft[0]
+            self._soft_met = outer_soft[1] or any(bool(np.any(r.feasible)) for r in rows)
 
     def evaluate(self, assignments) -> "EvalResult":
         """Score a (B x groups) batch (or one assignment); truncated to the budget left.
@@ -168,6 +188,7 @@ class Tracker:
             P = np.zeros((len(A), self.problem.n_devices), np.int64) if peak is None else np.atleast_2d(peak)
             self._captures[-1].append(EvalResult(np.array(A, np.int32), np.asarray(step, float),
                                                  np.asarray(feasible, bool), P))
+            self._soft_met = self._soft_met or bool(np.any(feasible))
         self.evaluations += len(A)
         if self.keep_top > 0:
             self._keep_top(A, step, feasible)
