@@ -1,6 +1,6 @@
 """Where a split step's time goes that the simulator does not see, from recorded timelines.
 
-Reads the folders that ``timeline_fit.py record DIR`` writes and prints four tables,
+Reads the folders that ``timeline_fit.py record DIR`` writes and prints its tables,
 without TensorFlow:
 
 1. **Transfers.** Per graph, over every traced split step: the delivery (producer end to
@@ -18,8 +18,15 @@ without TensorFlow:
    bytes`` that occupies the sending and the receiving device but not the wire. With no
    cost this leaves out only the runtime's time between ops, so the error it leaves is
    what a device-side cost must explain; the grid shows which one does, on every graph.
+4. **The executor's order.** How often each device's traced choice of its next op
+   agrees with the simulator's order (earliest ready, then topological rank), with
+   earliest-ready and with latest-ready first, and how often an op readied by a transfer
+   ran when an op readied on the device was also waiting (:func:`order_agreement`).
+   Then every step replayed on lone-transfer links with the ``--lone-cost`` per message,
+   in the traced order and in the simulator's (``links.send`` "aside"), split into the
+   designed placements and the search's picks.
 
-    .venv/bin/python benchmarks/timeline_decompose.py /tmp/tl [--costs 0:0,20:150,30:150]
+    .venv/bin/python benchmarks/timeline_decompose.py /tmp/tl [--costs 0:0,20:150,30:150] [--lone-cost 50:300]
 """
 
 from __future__ import annotations
@@ -99,13 +106,17 @@ def message_costs(graph, placement, a: float, k: float) -> tuple[np.ndarray, np.
     return recv, send
 
 
-def traced_order_span(graph, step, placement, a: float = 0.0, k: float = 0.0) -> float:
+def traced_order_span(graph, step, placement, a: float = 0.0, k: float = 0.0, links=None) -> float:
     """The span of ``step`` rescheduled from its own facts: traced op times, each
     device's traced ops in their traced order (untraced ops take no time and no place
     in it), a transfer arriving its traced delivery after its producer ends (the longest
     of a producer's to one device; a pair with no traced delivery arrives at once), and
     per message ``a + k x bytes`` µs on both devices (:func:`message_costs`): before a
-    consumer starts, and after a producer ends, before its device's next op."""
+    consumer starts, and after a producer ends, before its device's next op.
+
+    With ``links`` = (latency, bandwidth) matrices, every data transfer takes the lone
+    transfer's ``latency + bytes / bandwidth`` instead of its traced delivery: the
+    simulator's deliveries in the executor's order."""
     p = np.asarray(placement, np.int64)
     dur = np.where(step.traced, step.op_end - step.op_start, 0.0)
     wire = {}
@@ -116,8 +127,14 @@ def traced_order_span(graph, step, placement, a: float = 0.0, k: float = 0.0) ->
             wire[key] = max(wire.get(key, 0.0), float(w))
     recv, send = message_costs(graph, p, a, k)
     preds = [[] for _ in range(graph.n_ops)]
-    for s, d in zip(graph.edge_src.tolist(), graph.edge_dst.tolist()):
-        preds[d].append((s, 0.0 if p[s] == p[d] else wire.get((s, int(p[d])), 0.0)))
+    for s, d, t in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_tensor.tolist()):
+        if p[s] == p[d]:
+            w = 0.0
+        elif links is None:
+            w = wire.get((s, int(p[d])), 0.0)
+        else:
+            w = 0.0 if t < 0 else links[0][p[s], p[d]] + graph.tensor_bytes[t] / links[1][p[s], p[d]]
+        preds[d].append((s, w))
     key = np.where(step.traced, step.op_start, np.inf)
     pending = sorted(range(graph.n_ops), key=lambda i: (key[i], graph.topo_rank[i]))
     end = np.zeros(graph.n_ops)
@@ -142,19 +159,55 @@ def traced_order_span(graph, step, placement, a: float = 0.0, k: float = 0.0) ->
     return float(end.max(initial=0.0))  # from 0, as the traced span is from its first op
 
 
-def main(argv=None) -> int:
-    from timeline_fit import load_dir, lone_links
+def order_agreement(graph, step) -> dict:
+    """How often each device's traced choice of its next op agrees with an ordering
+    rule, over the choices that had two or more ready ops: ``decisions``, and per rule
+    the share of them it agrees with (ties agree): ``simulator`` (earliest ready, then
+    lowest topological rank, as the simulator orders a device's ready ops),
+    ``earliest_ready`` and ``latest_ready``. An op is ready when its local inputs ended
+    and its remote ones arrived; an op with an input of unseen arrival is left out of
+    the choices. ``mixed``: the choices among both kinds of ready op, those whose last
+    input arrived from another device and those readied on the device itself, and
+    ``remote_chosen``: the share of them in which the executor ran one of the first kind."""
+    preds = [[] for _ in range(graph.n_ops)]
+    for s, d in zip(graph.edge_src.tolist(), graph.edge_dst.tolist()):
+        preds[d].append(s)
+    arrived = {(int(step.x_producer[x]), int(step.x_dst[x])): step.x_end[x]
+               for x in np.flatnonzero(step.x_producer >= 0) if np.isfinite(step.x_end[x])}
+    ready = np.full(graph.n_ops, np.nan)
+    remote = np.zeros(graph.n_ops, bool)  # its last input came from another device
+    for o in np.flatnonzero(step.traced):
+        d = step.op_dev[o]
+        ins = [(step.op_end[q], False) if step.op_dev[q] == d else (arrived.get((q, int(d)), np.nan), True)
+               for q in preds[o] if step.traced[q]]
+        ready[o] = np.max([t for t, _ in ins], initial=step.t0)  # NaN where an arrival is unseen
+        remote[o] = bool(ins) and max(ins)[1]
+    rank = graph.topo_rank
+    n = {"simulator": 0, "earliest_ready": 0, "latest_ready": 0}
+    decisions = mixed = remote_chosen = 0
+    for d in np.unique(step.op_dev[step.traced]):
+        on = np.flatnonzero(step.traced & (step.op_dev == d))
+        on = on[np.argsort(step.op_start[on], kind="stable")]
+        for j, o in enumerate(on):
+            rest = on[j:]
+            cand = rest[ready[rest] <= step.op_start[o]]  # NaN (unseen) compares False
+            if len(cand) < 2 or np.isnan(ready[o]):
+                continue
+            decisions += 1
+            r = ready[cand]
+            n["earliest_ready"] += ready[o] == r.min()
+            n["latest_ready"] += ready[o] == r.max()
+            n["simulator"] += (ready[o], rank[o]) == min(zip(r, rank[cand]))
+            if remote[cand].any() and not remote[cand].all():
+                mixed += 1
+                remote_chosen += remote[o]
+    return {"decisions": decisions, **{k: v / decisions if decisions else float("nan") for k, v in n.items()},
+            "mixed": mixed, "remote_chosen": remote_chosen / mixed if mixed else float("nan")}
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("dir")
-    ap.add_argument("--costs", default="0:0,20:0,20:150,30:150,20:250",
-                    help="per-message costs to replay with, a:k,... (µs per message : µs per MB)")
-    a = ap.parse_args(argv)
-    grid = [tuple(float(v) for v in c.split(":")) for c in a.costs.split(",")]
-    data = {d.name: load_dir(d) for d in sorted(Path(a.dir).iterdir()) if (d / "profile.json").exists()}
-    if not data:
-        raise SystemExit(f"{a.dir}: no recorded graphs (run timeline_fit.py record first)")
-    print(f"{'graph':<34} {'n':>6} {'delivery':>9} {'lone est.':>9} {'ask':>7} {'rpc':>7} {'sender':>7} {'receiver':>8}")
+
+def _transfer_tables(data, lone_links) -> None:
+    print(f"{'graph':<34} {'n':>6} {'delivery':>9} {'lone est.':>9} {'ask':>7} {'rpc':>7} {'sender':>7} "
+          f"{'receiver':>8}")
     for name, (g, prof, recs, _) in data.items():
         cl = lone_links(prof)
         rows = [deliveries(st, (cl.latency_us, cl.bandwidth_bytes_per_us))
@@ -170,7 +223,8 @@ def main(argv=None) -> int:
                 for st in rec.steps]
         f, idle, span = np.array([r for r in rows if np.isfinite(r[0])]).T
         print(f"{name[:34]:<34} {np.median(f) / 1e3:>10.1f} {np.percentile(f, 90) / 1e3:>6.1f} "
-              f"{np.median(idle) / 1e3:>15.1f} {100 * np.median(idle / span):>10.1f}% {100 * np.percentile(idle / span, 90):>4.1f}%")
+              f"{np.median(idle) / 1e3:>15.1f} {100 * np.median(idle / span):>10.1f}% "
+              f"{100 * np.percentile(idle / span, 90):>4.1f}%")
     print("(ms from the step's first op to its first RecvTensor call, and the time before it in which no device"
           " computed)\n")
     print(f"{'graph':<34} {'quiet':>8} {'n':>6} {'delivery':>9} {'ask':>7} {'share of ask time':>17}")
@@ -179,10 +233,14 @@ def main(argv=None) -> int:
         c = {k: np.concatenate([r[k] for r in rows]) for k in ("delivery", "ask", "quiet")}
         for what, m in (("< 20 ms", c["quiet"] < QUIET_US), (">= 20 ms", c["quiet"] >= QUIET_US)):
             share = np.clip(c["ask"][m], 0, None).sum() / max(np.clip(c["ask"], 0, None).sum(), 1e-9)
-            print(f"{name[:34]:<34} {what:>8} {int(m.sum()):>6} {np.median(c['delivery'][m]) if m.any() else np.nan:>9.0f} "
-                  f"{np.median(c['ask'][m]) if m.any() else np.nan:>7.0f} {100 * share:>16.0f}%")
+            med = {k: np.median(c[k][m]) if m.any() else np.nan for k in ("delivery", "ask")}
+            print(f"{name[:34]:<34} {what:>8} {int(m.sum()):>6} {med['delivery']:>9.0f} {med['ask']:>7.0f} "
+                  f"{100 * share:>16.0f}%")
     print("(quiet: time since the step's last RPC ended, on any link, when the producer ended;"
           " >= 20 ms holds the step's first transfers)\n")
+
+
+def _replay_table(data, grid) -> None:
     print(f"{'graph':<34} " + " ".join(f"{f'{x:g}+{y:g}/MB':>16}" for x, y in grid))
     for name, (g, prof, recs, _) in data.items():
         cells = []
@@ -192,7 +250,71 @@ def main(argv=None) -> int:
             err = np.array([100.0 * (r - m) / m for r, m in spans])
             cells.append(f"{np.median(err):+5.1f}|{np.median(np.abs(err)):4.1f}|{np.abs(err).max():4.0f}")
         print(f"{name[:34]:<34} " + " ".join(f"{s:>16}" for s in cells))
-    print("(replay error against the traced span, %: median | median of |error| | max |error|)")
+    print("(replay error against the traced span, %: median | median of |error| | max |error|)\n")
+
+
+def _order_tables(data, lone_links, cost) -> None:
+    """Which order the executor runs a device's ready ops in, and what it does to a
+    replay on lone-transfer links: the traced order against the simulator's."""
+    from timeline_fit import with_message_costs
+
+    from placetool.costmodel import CostModel
+
+    print(f"{'graph':<34} {'choices':>8} {'simulator':>10} {'earliest':>9} {'latest':>7} {'mixed':>7} "
+          f"{'remote run':>10}")
+    for name, (g, prof, recs, _) in data.items():
+        rows = [order_agreement(g, st) for label, rec in recs for st in rec.steps]
+        n = sum(r["decisions"] for r in rows)
+        share = {k: sum(r[k] * r["decisions"] for r in rows if r["decisions"]) / max(n, 1)
+                 for k in ("simulator", "earliest_ready", "latest_ready")}
+        mixed = sum(r["mixed"] for r in rows)
+        remote = sum(r["remote_chosen"] * r["mixed"] for r in rows if r["mixed"]) / max(mixed, 1)
+        print(f"{name[:34]:<34} {n:>8} {100 * share['simulator']:>9.1f}% {100 * share['earliest_ready']:>8.1f}% "
+              f"{100 * share['latest_ready']:>6.1f}% {mixed:>7} {100 * remote:>9.1f}%")
+    print("(share of a device's choices among two or more ready ops that each order agrees with, ties agreeing;"
+          " mixed: choices between an op readied by a transfer and one readied on the device; remote run: the"
+          " share of those in which the transfer's op ran)\n")
+    a, k = cost
+    print(f"{'graph':<34} {'placements':<10} {'traced order':>13} {'simulator':>10}   "
+          f"(lone-transfer deliveries, {a:g} µs + {k:g} µs/MB per message on both ends, beside the wire)")
+    for name, (g, prof, recs, _) in data.items():
+        cl = lone_links(prof)
+        cm_cl = with_message_costs(lone_links(prof, "aside"), a, k * 1e-6)
+        err = {"designed": ([], []), "searched": ([], [])}
+        for label, rec in recs:
+            if label.startswith("single"):
+                continue
+            p = np.ascontiguousarray(rec.placement, np.int32)
+            kind = err["designed" if ":" in label else "searched"]
+            for st in rec.steps:
+                span = traced_order_span(g, st, p, a, k * 1e-6, links=(cl.latency_us, cl.bandwidth_bytes_per_us))
+                T = np.repeat(np.where(st.traced, st.op_us, 0.0)[:, None], rec.n_devices, axis=1)
+                sim = CostModel(g, cm_cl, op_times=T).simulate(p).step_time_us
+                kind[0].append(100.0 * (span - st.span_us) / st.span_us)
+                kind[1].append(100.0 * (sim - st.span_us) / st.span_us)
+        for what, (tr, sm) in err.items():
+            print(f"{name[:34]:<34} {what:<10} {np.median(tr):>+12.1f}% {np.median(sm):>+9.1f}%")
+    print("(median error against the traced span, %; searched: metis, heft, m-sct, sa)")
+
+
+def main(argv=None) -> int:
+    from timeline_fit import load_dir, lone_links
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir")
+    ap.add_argument("--costs", default="0:0,20:0,20:150,30:150,20:250",
+                    help="per-message costs to replay with, a:k,... (µs per message : µs per MB)")
+    ap.add_argument("--lone-cost", default="50:300",
+                    help="per-message cost a:k of the replay on lone-transfer links (µs : µs per MB)")
+    a = ap.parse_args(argv)
+    grid = [tuple(float(v) for v in c.split(":")) for c in a.costs.split(",")]
+    lone_cost = tuple(float(v) for v in a.lone_cost.split(":"))
+    data = {d.name: load_dir(d) for d in sorted(Path(a.dir).iterdir()) if (d / "profile.json").exists()}
+    if not data:
+        raise SystemExit(f"{a.dir}: no recorded graphs (run timeline_fit.py record first)")
+    _transfer_tables(data, lone_links)
+    _replay_table(data, grid)
+    _order_tables(data, lone_links, lone_cost)
     return 0
 
 

@@ -24,7 +24,8 @@ from numba import njit
 from .checkpoints import converged, save
 from .queues import evq_push, readyq_push, readyq_sort, taskq_push, time_bits
 from .state import (CKF_NEXT_T, CKI_WM, CKI_WO, LOW, RECV_US, RECV_US_PER_BYTE, SC_EPOCH, SC_N_CK, SC_N_EV, SC_N_X,
-                    SEND_FIRST, SEND_LAST, SEND_US, SEND_US_PER_BYTE, SF_MAKESPAN, SF_NOW, TASK_SEND_END, TASK_SEND_START, U64)
+                    SEND_FIRST, SEND_LAST, SEND_US, SEND_US_PER_BYTE, SF_MAKESPAN, SF_NOW, TASK_SEND_END,
+                    TASK_SEND_START, U64)
 
 # Event kinds, in the order events of one instant are handled (see reference.py).
 OP_DONE = 0
