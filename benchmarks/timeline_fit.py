@@ -310,7 +310,8 @@ def fit_main(a, log) -> None:
         print(f"{n:<46} {p['send_us']:>8.1f} {p['send_us_per_byte'] * 1e6:>8.1f} {p['recv_us']:>8.1f} "
               f"{p['recv_us_per_byte'] * 1e6:>8.1f} {f.r2:>5.2f}")
     print()
-    print(f"{'graph (held out of the timeline fit)':<46} {'model':<16} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} {'best':>5}")
+    print(f"{'graph (held out of the timeline fit)':<46} {'model':<16} {'med|err|%':>9} {'max|err|%':>9} "
+          f"{'tau':>6} {'best':>5}")
     for r in rows:
         for what in ("step_totals", "steps_idle", "steps_idle_logo", "timelines_own", "timelines_logo"):
             s = r[what]
