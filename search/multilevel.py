@@ -286,10 +286,10 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "dispatch", s
     more than its later rounds would; while nothing they scored fits, up to
     :data:`~placetool.search.seeding.UNTIL_FEASIBLE_SHARE` of it, since that placement
     comes 2.4-2.5 s in and a start that does not fit costs the search 70%) (``none``:
-    skip them and start from the coarse pass); rounds of critical-path pulls take ``pull_share`` of what is left, or end
-    after ``pull_patience`` rounds in a row that keep nothing; ``cycles`` V-cycles
-    (default one per :data:`CYCLE_SECONDS` of a seconds budget, at least one) of
-    ``cycle_clusters`` clusters (default a tenth of the groups) share the rest but
+    skip them and start from the coarse pass); rounds of critical-path pulls take
+    ``pull_share`` of what is left, or end after ``pull_patience`` rounds in a row that
+    keep nothing; ``cycles`` V-cycles (default one per :data:`CYCLE_SECONDS` of a seconds
+    budget, at least one) of ``cycle_clusters`` clusters (default a tenth of the groups) share the rest but
     ``refine_share`` of the budget, which the fine sa takes; ``clusters`` gives the
     coarse pass's levels, finest first (``--option clusters=3000,600``),
     ``coarse_seeds`` its seeding methods;

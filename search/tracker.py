@@ -145,12 +145,13 @@ class Tracker:
         (gnmt8's comes after 2.4 s of a 2.5 s share) still gives the search a start that
         fits, where one moment of a slow machine would otherwise leave it none."""
         outer, outer_soft = self._deadline, (self._soft_end, self._soft_met)
+        bound = min(outer, self._soft_end) if self._soft_met else outer  # where the enclosing share ends
         now = work_clock()
         if until_feasible is not None and until_feasible > seconds:
-            self._deadline = min(outer, now + float(until_feasible))
+            self._deadline = min(bound, now + float(until_feasible))
             self._soft_end, self._soft_met = now + float(seconds), False
         else:
-            self._deadline = min(outer, now + float(seconds))
+            self._deadline = min(bound, now + float(seconds))
             self._soft_end, self._soft_met = np.inf, False
         rows: list[EvalResult] = []
         self._captures.append(rows)

@@ -71,3 +71,13 @@ def test_seed_limits():
     assert seed_limits(Budget(seconds=10), 0.25) == (2.5, 10 * UNTIL_FEASIBLE_SHARE)
     assert seed_limits(Budget(seconds=10), 0.8) == (8.0, 8.0)  # never shorter than the share
     assert seed_limits(Budget(evals=100), 0.25) == (60.0, None)
+
+
+def test_a_share_inside_one_that_has_ended_ends_with_it(problem):
+    t = Tracker(problem, Budget(seconds=60))
+    with t.sub_budget(0.02, until_feasible=30.0):
+        score(t, problem, feasible=True)
+        time.sleep(0.05)
+        assert t.done()
+        with t.sub_budget(10.0):  # the enclosing share is over: so is this one
+            assert t.done()
