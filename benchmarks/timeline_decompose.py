@@ -21,7 +21,8 @@ without TensorFlow:
 4. **The executor's order.** How often each device's traced choice of its next op
    agrees with the simulator's order (earliest ready, then topological rank), with
    earliest-ready and with latest-ready first, and how often an op readied by a transfer
-   ran when an op readied on the device was also waiting (:func:`order_agreement`).
+   ran when an op readied on the device was also waiting
+   (:func:`placetool.costmodel.timeline.order_agreement`).
    Then every step replayed on lone-transfer links with the ``--lone-cost`` per message,
    in the traced order and in the simulator's (``links.send`` "aside"), split into the
    designed placements and the search's picks.
@@ -36,6 +37,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from placetool.costmodel.timeline import order_agreement
 
 #: a transfer whose producer ends this long after the step's last RPC ended comes after a quiet spell
 QUIET_US = 20_000.0
@@ -157,52 +160,6 @@ def traced_order_span(graph, step, placement, a: float = 0.0, k: float = 0.0, li
             raise ValueError("the traced order and the graph's edges disagree")
         pending = later
     return float(end.max(initial=0.0))  # from 0, as the traced span is from its first op
-
-
-def order_agreement(graph, step) -> dict:
-    """How often each device's traced choice of its next op agrees with an ordering
-    rule, over the choices that had two or more ready ops: ``decisions``, and per rule
-    the share of them it agrees with (ties agree): ``simulator`` (earliest ready, then
-    lowest topological rank, as the simulator orders a device's ready ops),
-    ``earliest_ready`` and ``latest_ready``. An op is ready when its local inputs ended
-    and its remote ones arrived; an op with an input of unseen arrival is left out of
-    the choices. ``mixed``: the choices among both kinds of ready op, those whose last
-    input arrived from another device and those readied on the device itself, and
-    ``remote_chosen``: the share of them in which the executor ran one of the first kind."""
-    preds = [[] for _ in range(graph.n_ops)]
-    for s, d in zip(graph.edge_src.tolist(), graph.edge_dst.tolist()):
-        preds[d].append(s)
-    arrived = {(int(step.x_producer[x]), int(step.x_dst[x])): step.x_end[x]
-               for x in np.flatnonzero(step.x_producer >= 0) if np.isfinite(step.x_end[x])}
-    ready = np.full(graph.n_ops, np.nan)
-    remote = np.zeros(graph.n_ops, bool)  # its last input came from another device
-    for o in np.flatnonzero(step.traced):
-        d = step.op_dev[o]
-        ins = [(step.op_end[q], False) if step.op_dev[q] == d else (arrived.get((q, int(d)), np.nan), True)
-               for q in preds[o] if step.traced[q]]
-        ready[o] = np.max([t for t, _ in ins], initial=step.t0)  # NaN where an arrival is unseen
-        remote[o] = bool(ins) and max(ins)[1]
-    rank = graph.topo_rank
-    n = {"simulator": 0, "earliest_ready": 0, "latest_ready": 0}
-    decisions = mixed = remote_chosen = 0
-    for d in np.unique(step.op_dev[step.traced]):
-        on = np.flatnonzero(step.traced & (step.op_dev == d))
-        on = on[np.argsort(step.op_start[on], kind="stable")]
-        for j, o in enumerate(on):
-            rest = on[j:]
-            cand = rest[ready[rest] <= step.op_start[o]]  # NaN (unseen) compares False
-            if len(cand) < 2 or np.isnan(ready[o]):
-                continue
-            decisions += 1
-            r = ready[cand]
-            n["earliest_ready"] += ready[o] == r.min()
-            n["latest_ready"] += ready[o] == r.max()
-            n["simulator"] += (ready[o], rank[o]) == min(zip(r, rank[cand]))
-            if remote[cand].any() and not remote[cand].all():
-                mixed += 1
-                remote_chosen += remote[o]
-    return {"decisions": decisions, **{k: v / decisions if decisions else float("nan") for k, v in n.items()},
-            "mixed": mixed, "remote_chosen": remote_chosen / mixed if mixed else float("nan")}
 
 
 def _transfer_tables(data, lone_links) -> None:

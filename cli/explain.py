@@ -164,6 +164,15 @@ def _print(e: dict, top: int) -> None:
         click.echo("CPU the transfers took: " + ", ".join(
             f"{e['devices'][x['device']]} {fmt_us(x['stolen_us'])} (ops grew {fmt_us(x['inflation_us'])}, idle with "
             f"every input there {fmt_us(x['gaps_us'])})" for x in e["stolen"]))
+    o = e.get("order")
+    if o and o["decisions"]:
+        line = (f"op order: of {o['decisions']} choices among ready ops, the simulator's order (earliest ready, "
+                f"then rank) agrees with {100 * o['simulator']:.0f}%, latest ready first with "
+                f"{100 * o['latest_ready']:.0f}%")
+        if o["mixed"]:
+            line += (f"; an op fed by a transfer ran before one readied on its device in "
+                     f"{100 * o['remote_chosen']:.0f}% of {o['mixed']} such choices")
+        click.echo(line)
     wire = e["median_wire_us"]
     click.echo(f"transfers: {e['n_data_transfers']} tensors"
                + (f" (median wire time {fmt_us(wire)})" if wire is not None else "")

@@ -588,11 +588,58 @@ def _stolen(rec: Recording, k: int) -> list:
     return stolen_cpu(rec, k, _own_single(rec))
 
 
+def order_agreement(graph, step: Step) -> dict:
+    """How often each device's traced choice of its next op agrees with an ordering
+    rule, over the choices that had two or more ready ops: ``decisions``, and per rule
+    the share of them it agrees with (ties agree): ``simulator`` (earliest ready, then
+    lowest topological rank, as the simulator orders a device's ready ops),
+    ``earliest_ready`` and ``latest_ready``. An op is ready when its local inputs ended
+    and its remote ones arrived; an op with an input of unseen arrival is left out of
+    the choices. ``mixed``: the choices among both kinds of ready op, those whose last
+    input arrived from another device and those readied on the device itself, and
+    ``remote_chosen``: the share of them in which the executor ran one of the first kind."""
+    preds = [[] for _ in range(graph.n_ops)]
+    for s, d in zip(graph.edge_src.tolist(), graph.edge_dst.tolist()):
+        preds[d].append(s)
+    arrived = {(int(step.x_producer[x]), int(step.x_dst[x])): step.x_end[x]
+               for x in np.flatnonzero(step.x_producer >= 0) if np.isfinite(step.x_end[x])}
+    ready = np.full(graph.n_ops, np.nan)
+    remote = np.zeros(graph.n_ops, bool)  # its last input came from another device
+    for o in np.flatnonzero(step.traced):
+        d = step.op_dev[o]
+        ins = [(step.op_end[q], False) if step.op_dev[q] == d else (arrived.get((q, int(d)), np.nan), True)
+               for q in preds[o] if step.traced[q]]
+        ready[o] = np.max([t for t, _ in ins], initial=step.t0)  # NaN where an arrival is unseen
+        remote[o] = bool(ins) and max(ins)[1]
+    rank = graph.topo_rank
+    n = {"simulator": 0, "earliest_ready": 0, "latest_ready": 0}
+    decisions = mixed = remote_chosen = 0
+    for d in np.unique(step.op_dev[step.traced]):
+        on = np.flatnonzero(step.traced & (step.op_dev == d))
+        on = on[np.argsort(step.op_start[on], kind="stable")]
+        for j, o in enumerate(on):
+            rest = on[j:]
+            cand = rest[ready[rest] <= step.op_start[o]]  # NaN (unseen) compares False
+            if len(cand) < 2 or np.isnan(ready[o]):
+                continue
+            decisions += 1
+            r = ready[cand]
+            n["earliest_ready"] += ready[o] == r.min()
+            n["latest_ready"] += ready[o] == r.max()
+            n["simulator"] += (ready[o], rank[o]) == min(zip(r, rank[cand]))
+            if remote[cand].any() and not remote[cand].all():
+                mixed += 1
+                remote_chosen += remote[o]
+    return {"decisions": decisions, **{k: v / decisions if decisions else float("nan") for k, v in n.items()},
+            "mixed": mixed, "remote_chosen": remote_chosen / mixed if mixed else float("nan")}
+
+
 def explain(rec: Recording, step: int | None = None, cluster=None) -> dict:
     """Everything ``placetool explain`` reports about one traced step (default: the
     median one): :func:`breakdown`, :func:`transfers`, :func:`op_inflation`, the CPU
     time transfers took per device (``stolen``: op growth plus idle gaps with every input
-    there, :mod:`placetool.costmodel.commfit`) and the replays (:data:`REPLAYS`: the
+    there, :mod:`placetool.costmodel.commfit`), how the executor ordered each device's
+    ready ops (:func:`order_agreement`) and the replays (:data:`REPLAYS`: the
     simulator's link queue, transfers side by side, sent by idle workers, each its
     traced time; plus ``cluster``'s model when given), with the spread of the traced
     steps' spans."""
@@ -615,6 +662,7 @@ def explain(rec: Recording, step: int | None = None, cluster=None) -> dict:
            "simulated_transfers": simulated_transfers(rec.graph, rec.placement),
            "inflation": op_inflation(rec),
            "stolen": _stolen(rec, k),
+           "order": order_agreement(rec.graph, st),
            "replay": {m: replay(rec, k, links=m) for m in REPLAYS}}
     if cluster is not None:
         out["replay"]["cluster"] = replay(rec, k, cluster=cluster, links=None)

@@ -174,9 +174,15 @@ def test_explain_cli_reads_a_recording(capsys):
     # this step) plus the idle gaps, here 2.7 and 14.0 ms of a 30.7 ms step
     assert [round(x["stolen_us"]) for x in e["stolen"]] == [2729, 13988]
     assert all(x["stolen_us"] == pytest.approx(x["inflation_us"] + x["gaps_us"]) for x in e["stolen"])
+    # the executor's order: latest ready first agrees more often than the simulator's, and an
+    # op fed by a transfer never ran before a locally readied one (18 such choices)
+    o = e["order"]
+    assert o["decisions"] == 62 and o["mixed"] == 18 and o["remote_chosen"] == 0.0
+    assert o["latest_ready"] > o["simulator"]
     code, out, err = _call(["explain", REC, "--step", 0, "--top", 3], capsys)
     assert code == 0, err
     assert "per device" in out and "replay" in out and "+202.5%" in out and "CPU the transfers took" in out
+    assert "op order: of 64 choices" in out  # step 0
 
 
 @pytest.mark.parametrize("args, words", [
@@ -256,3 +262,48 @@ def test_the_replay_list_schedule_is_the_simulator_on_links_that_do_not_queue():
         assert np.array_equal(start, r.trace.op_start) and np.array_equal(end, r.trace.op_end)
 
     check()
+
+
+def one_device_choices():
+    """On one device: a (0-10) feeds b and c; e has no input. The trace runs a, c, e, b.
+    At 0 the ready ops are a and e (a chosen: earliest, lowest rank); at 10 they are b, c
+    (ready at 10) and e (ready since 0): c is chosen, which only "latest ready" agrees
+    with; at 15, b and e: e chosen (earliest ready, and the simulator's order)."""
+    g = OpGraph.from_networkx(nxgraph({v: 8 for v in "abce"}, [("a", "b"), ("a", "c")]), "one")
+    i = {n: g.names.index(n) for n in "abce"}
+    dev, start, end = np.zeros(4, np.int64), np.zeros(4), np.zeros(4)
+    for n, s, e in (("a", 0, 10), ("c", 10, 15), ("e", 15, 20), ("b", 20, 25)):
+        start[i[n]], end[i[n]] = s, e
+    none = np.array([], np.int64)
+    st = TL.Step(op_dev=dev, op_start=start, op_end=end, x_edge=[], x_producer=none, x_src=none, x_dst=none,
+              x_bytes=none, x_start=np.array([]), x_end=np.array([]), x_control=np.array([], bool),
+              x_producer_end=np.array([]), x_consumer_start=np.array([]))
+    return g, st, i
+
+
+def test_order_agreement_by_hand():
+    g, st, i = one_device_choices()
+    assert g.topo_rank[i["a"]] < g.topo_rank[i["e"]]  # so a is the simulator's choice at 0
+    r = TL.order_agreement(g, st)
+    assert r["decisions"] == 3
+    # a at 0: all three agree (a and e both ready at 0: a tie for the ready rules);
+    # c at 10: latest only; e at 15: earliest and simulator
+    assert r["earliest_ready"] == pytest.approx(2 / 3) and r["latest_ready"] == pytest.approx(2 / 3)
+    assert r["simulator"] == pytest.approx(2 / 3)  # at 10 it would run e, ready since 0
+
+
+def test_a_choice_between_a_transfer_s_op_and_a_local_one():
+    """b (dev 1) waits on a's tensor from dev 0, arrived at 40; f (dev 1) has no input.
+    The trace runs f at 45 and b at 50: at 45 both were ready, and the local one ran."""
+    g = OpGraph.from_networkx(nxgraph({"a": 1_000, "b": 1, "f": 1}, [("a", "b")]), "mixed")
+    i = {n: g.names.index(n) for n in "abf"}
+    dev, start, end = np.zeros(3, np.int64), np.zeros(3), np.zeros(3)
+    for n, d, s, e in (("a", 0, 0, 10), ("f", 1, 45, 50), ("b", 1, 50, 60)):
+        dev[i[n]], start[i[n]], end[i[n]] = d, s, e
+    st = TL.Step(op_dev=dev, op_start=start, op_end=end, x_edge=["a:0"], x_producer=np.array([i["a"]]),
+              x_src=np.array([0]), x_dst=np.array([1]), x_bytes=np.array([1_000], np.int64),
+              x_start=np.array([12.0]), x_end=np.array([40.0]), x_control=np.array([False]),
+              x_producer_end=np.array([10.0]), x_consumer_start=np.array([50.0]))
+    r = TL.order_agreement(g, st)
+    assert r["decisions"] == 1 and r["mixed"] == 1 and r["remote_chosen"] == 0.0
+    assert r["earliest_ready"] == 1.0 and r["latest_ready"] == 0.0  # f ready since 0, b since 40
