@@ -137,8 +137,9 @@ def _ms(us) -> str:
 def _print(e: dict, top: int) -> None:
     b = e["breakdown"]
     span = e["span_us"]
+    median = " (the median span)" if e["step"] == e.get("median_step") else ""
     click.echo(f"{e['graph']} ({e['ops']} ops) on {', '.join(e['devices'])}: traced step {e['step']} of "
-               f"{e['steps']} (the median span)")
+               f"{e['steps']}{median}")
     spans = e["spans_us"]
     line = f"step: traced span {fmt_us(span)} (steps {fmt_us(min(spans))} .. {fmt_us(max(spans))}), " \
            f"its wall time {fmt_us(e['wall_us'])}"

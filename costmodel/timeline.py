@@ -651,7 +651,8 @@ def explain(rec: Recording, step: int | None = None, cluster=None) -> dict:
     xs = transfers(rec, k)
     data = [x for x in xs if x["kind"] == "data" and x["wire_us"] is not None]
     out = {"graph": rec.graph.name, "ops": rec.graph.n_ops, "devices": rec.device_names(),
-           "tf_devices": rec.devices, "step": k, "steps": len(rec.steps), "span_us": st.span_us,
+           "tf_devices": rec.devices, "step": k, "median_step": median_step(rec), "steps": len(rec.steps),
+           "span_us": st.span_us,
            "spans_us": spans, "wall_us": st.wall_us,
            "untraced_step_us": float(np.median(rec.untraced_step_us)) if rec.untraced_step_us else None,
            "single_step_us": rec.single_step_us,

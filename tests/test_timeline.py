@@ -165,7 +165,7 @@ def test_explain_cli_reads_a_recording(capsys):
     code, out, err = _call(["explain", REC, "--json"], capsys)
     assert code == 0, err
     e = json.loads(out)
-    assert e["step"] == 1 and e["steps"] == 3  # the median span
+    assert e["step"] == 1 == e["median_step"] and e["steps"] == 3  # the median span
     assert e["n_data_transfers"] == 46 and e["n_control_transfers"] == 7
     assert e["simulated_transfers"] == 46  # every tensor the simulator sends was traced
     assert e["replay"]["fifo"]["error_pct"] == pytest.approx(505.0, abs=0.1)
@@ -183,6 +183,7 @@ def test_explain_cli_reads_a_recording(capsys):
     assert code == 0, err
     assert "per device" in out and "replay" in out and "+202.5%" in out and "CPU the transfers took" in out
     assert "op order: of 64 choices" in out  # step 0
+    assert "traced step 0 of 3\n" in out  # not the median one: no "(the median span)"
 
 
 @pytest.mark.parametrize("args, words", [
