@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from placetool.costmodel.timeline import order_agreement
+from placetool.costmodel.timeline import _measure, order_agreement
 
 #: a transfer whose producer ends this long after the step's last RPC ended comes after a quiet spell
 QUIET_US = 20_000.0
@@ -81,11 +81,7 @@ def first_call(step) -> tuple[float, float]:
     t0 = step.t0
     t = float(step.x_start[ok].min())
     on = step.traced
-    spans = sorted(zip(np.clip(step.op_start[on], t0, t), np.clip(step.op_end[on], t0, t)))
-    covered, reach = 0.0, t0
-    for s, e in spans:  # the union of the ops' intervals, clipped to [t0, t]
-        covered += max(e - max(s, reach), 0.0)
-        reach = max(reach, e)
+    covered = _measure(np.clip(step.op_start[on], t0, t), np.clip(step.op_end[on], t0, t))
     return t - t0, (t - t0) - covered
 
 
@@ -165,11 +161,12 @@ def traced_order_span(graph, step, placement, a: float = 0.0, k: float = 0.0, li
 def _transfer_tables(data, lone_links) -> None:
     print(f"{'graph':<34} {'n':>6} {'delivery':>9} {'lone est.':>9} {'ask':>7} {'rpc':>7} {'sender':>7} "
           f"{'receiver':>8}")
+    pooled = {}  # graph -> every split step's deliveries, concatenated (the quiet table reads them too)
     for name, (g, prof, recs, _) in data.items():
         cl = lone_links(prof)
         rows = [deliveries(st, (cl.latency_us, cl.bandwidth_bytes_per_us))
                 for label, rec in recs if not label.startswith("single") for st in rec.steps]
-        c = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+        c = pooled[name] = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
         print(f"{name[:34]:<34} {len(c['delivery']):>6} {np.median(c['delivery']):>9.0f} "
               f"{np.median(c['estimate']):>9.0f} {np.median(c['ask']):>7.0f} {np.median(c['rpc']):>7.0f} "
               f"{np.mean(c['sender_busy']):>7.2f} {np.mean(c['receiver_busy']):>8.2f}")
@@ -185,9 +182,7 @@ def _transfer_tables(data, lone_links) -> None:
     print("(ms from the step's first op to its first RecvTensor call, and the time before it in which no device"
           " computed)\n")
     print(f"{'graph':<34} {'quiet':>8} {'n':>6} {'delivery':>9} {'ask':>7} {'share of ask time':>17}")
-    for name, (g, prof, recs, _) in data.items():
-        rows = [deliveries(st) for label, rec in recs if not label.startswith("single") for st in rec.steps]
-        c = {k: np.concatenate([r[k] for r in rows]) for k in ("delivery", "ask", "quiet")}
+    for name, c in pooled.items():
         for what, m in (("< 20 ms", c["quiet"] < QUIET_US), (">= 20 ms", c["quiet"] >= QUIET_US)):
             share = np.clip(c["ask"][m], 0, None).sum() / max(np.clip(c["ask"], 0, None).sum(), 1e-9)
             med = {k: np.median(c[k][m]) if m.any() else np.nan for k in ("delivery", "ask")}

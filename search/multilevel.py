@@ -339,10 +339,9 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "dispatch", s
         _pull_rounds(problem, seed, tracker, np.inf, int(pull_share * tracker.remaining_evals()), stages,
                      meta, pull_patience)
     left = max(0.0, 1.0 - tracker.seconds / budget.seconds) if budget.seconds else left * (1 - pull_share)
-    target = cycle_clusters or max(2, problem.n_groups // 10)
     if cycles is None:
         cycles = max(1, int(budget.seconds // CYCLE_SECONDS)) if budget.seconds else 1
-    rows += vcycles(problem, budget, seed, tracker, int(cycles), max(0.0, left - refine_share), target,
+    rows += vcycles(problem, budget, seed, tracker, int(cycles), max(0.0, left - refine_share), cycle_clusters,
                     runs_per_cluster, sa_options, note=stages.note)
     meta.update(_finish(problem, budget, seed, tracker, fallback, stages, sa_options))
     meta["best_from"] = stages.best_from

@@ -55,7 +55,8 @@ def anneal_coarse(coarse, budget, seed, start, seeds, sa_options):
 
 
 def score_fine(tracker, a):
-    """One fine evaluation of ``a``: (step, feasible), or None when the budget is spent."""
+    """One fine evaluation of ``a``: (step, feasible, peak bytes per device), or None
+    when the budget is spent."""
     try:
         r = tracker.evaluate(a)
     except BudgetExhausted:
