@@ -12,6 +12,10 @@ without TensorFlow:
    deliveries split by how long no RPC had run when the producer ended (under 20 ms, or
    20 ms and more, which holds each step's first transfers): the waits before the call
    start gather there.
+   Then each call in context (:func:`call_context`): was its sender computing when it
+   started, idle with an op ready, or idle with nothing ready; the deliveries in which
+   neither end computed at first, against the others; and how far apart one receiver's
+   calls start.
 3. **Replay in the executor's own order.** Every traced step scheduled with its traced
    op times, each device running its ops in their traced order, and every transfer taking
    its traced delivery (:func:`traced_order_span`), with a per-message cost ``a + k x
@@ -38,10 +42,12 @@ from pathlib import Path
 
 import numpy as np
 
-from placetool.costmodel.timeline import _measure, order_agreement
+from placetool.costmodel.timeline import _measure, input_times, order_agreement
 
 #: a transfer whose producer ends this long after the step's last RPC ended comes after a quiet spell
 QUIET_US = 20_000.0
+#: the time after a producer's end in which neither end of its transfer computing counts as both idle
+IDLE_WINDOW_US = 200.0
 
 
 def deliveries(step, graph_links=None) -> dict:
@@ -83,6 +89,36 @@ def first_call(step) -> tuple[float, float]:
     on = step.traced
     covered = _measure(np.clip(step.op_start[on], t0, t), np.clip(step.op_end[on], t0, t))
     return t - t0, (t - t0) - covered
+
+
+def call_context(graph, step, placement, window_us: float = IDLE_WINDOW_US) -> dict:
+    """Per RecvTensor call of one traced step whose producer is known: the sender's state
+    when the call started, ``sender`` 0 computing, 1 idle while one of its ops had every
+    input and had not started, 2 idle with nothing ready; ``both_idle``, neither device
+    computed in the ``window_us`` after the producer's end (a fixed window: one as long as
+    the delivery would favour the short deliveries); ``delivery`` (µs). And ``spacing``:
+    the gaps between consecutive call starts on each receiving device."""
+    p = np.asarray(placement)
+    local, _, arrived = input_times(step, graph, p)
+    ready = np.fmax(local, arrived)
+    idx = np.flatnonzero(np.isfinite(step.x_start) & np.isfinite(step.x_producer_end))
+    sender = np.empty(len(idx), np.int64)
+    both_idle = np.empty(len(idx), bool)
+    for j, x in enumerate(idx):
+        t, src = step.x_start[x], step.x_src[x]
+        on = step.traced & (step.op_dev == src)
+        if ((step.op_start[on] <= t) & (step.op_end[on] > t)).any():
+            sender[j] = 0
+        else:
+            sender[j] = 1 if ((ready[on] <= t) & (step.op_start[on] > t)).any() else 2
+        lo = step.x_producer_end[x]
+        hi = lo + window_us
+        ends = step.traced & np.isin(step.op_dev, (src, step.x_dst[x]))
+        both_idle[j] = not ((step.op_start[ends] < hi) & (step.op_end[ends] > lo)).any()
+    ok = np.isfinite(step.x_start)
+    spacing = [np.diff(np.sort(step.x_start[ok & (step.x_dst == d)])) for d in np.unique(step.x_dst[ok])]
+    return {"sender": sender, "both_idle": both_idle, "delivery": step.x_end[idx] - step.x_producer_end[idx],
+            "spacing": np.concatenate(spacing) if spacing else np.zeros(0)}
 
 
 def message_costs(graph, placement, a: float, k: float) -> tuple[np.ndarray, np.ndarray]:
@@ -192,6 +228,23 @@ def _transfer_tables(data, lone_links) -> None:
           " >= 20 ms holds the step's first transfers)\n")
 
 
+def _call_table(data) -> None:
+    print(f"{'graph':<34} {'calls':>6} {'computing':>9} {'op ready':>8} {'nothing':>7} "
+          f"{'both idle':>9} {'delivery':>8} {'else':>6} {'spacing p25':>11} {'p50':>5}")
+    for name, (g, prof, recs, _) in data.items():
+        rows = [call_context(g, st, rec.placement) for label, rec in recs if not label.startswith("single")
+                for st in rec.steps]
+        c = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+        s, idle = c["sender"], c["both_idle"]
+        print(f"{name[:34]:<34} {len(s):>6} {100 * np.mean(s == 0):>8.0f}% {100 * np.mean(s == 1):>7.0f}% "
+              f"{100 * np.mean(s == 2):>6.0f}% {100 * idle.mean():>8.0f}% {np.median(c['delivery'][idle]):>8.0f} "
+              f"{np.median(c['delivery'][~idle]):>6.0f} {np.percentile(c['spacing'], 25):>11.0f} "
+              f"{np.median(c['spacing']):>5.0f}")
+    print("(the sender when a call started: computing, idle with an op ready, idle with nothing ready; both idle:"
+          f" neither end computed in the {IDLE_WINDOW_US:g} µs after the producer's end, its median delivery in µs"
+          " beside the others'; spacing: µs between consecutive call starts on one receiving device)\n")
+
+
 def _replay_table(data, grid) -> None:
     print(f"{'graph':<34} " + " ".join(f"{f'{x:g}+{y:g}/MB':>16}" for x, y in grid))
     for name, (g, prof, recs, _) in data.items():
@@ -265,6 +318,7 @@ def main(argv=None) -> int:
     if not data:
         raise SystemExit(f"{a.dir}: no recorded graphs (run timeline_fit.py record first)")
     _transfer_tables(data, lone_links)
+    _call_table(data)
     _replay_table(data, grid)
     _order_tables(data, lone_links, lone_cost)
     return 0

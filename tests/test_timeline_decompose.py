@@ -87,3 +87,23 @@ def test_lone_deliveries_in_the_traced_order(bench):
     lat, bw = np.full((2, 2), 2.0), np.full((2, 2), 1e5)
     assert bench.traced_order_span(g, st, placement, links=(lat, bw)) == pytest.approx(32.0)
 
+
+
+def test_the_sender_at_each_call_by_hand(bench):
+    g, st, placement = two_devices()
+    c = bench.call_context(g, st, placement)
+    # the call starts at 12 while c (dev 0, 10-30) computes; c's run overlaps the window after a's end
+    assert c["sender"].tolist() == [0] and c["both_idle"].tolist() == [False]
+    assert c["delivery"].tolist() == [30.0] and c["spacing"].size == 0
+    # the call at 35: c has ended and nothing else is ready on dev 0
+    late = Step(**{**st.__dict__, "x_start": np.array([35.0])})
+    assert bench.call_context(g, late, placement)["sender"].tolist() == [2]
+    # c moved to 45-65: ready from the start (no inputs), not started at 35; neither device
+    # computes in the 30 µs after a's end (10), but c does within 200 µs of it
+    i = g.names.index("c")
+    start, end = st.op_start.copy(), st.op_end.copy()
+    start[i], end[i] = 45.0, 65.0
+    held = Step(**{**late.__dict__, "op_start": start, "op_end": end})
+    c = bench.call_context(g, held, placement, window_us=30.0)
+    assert c["sender"].tolist() == [1] and c["both_idle"].tolist() == [True]
+    assert bench.call_context(g, held, placement)["both_idle"].tolist() == [False]
