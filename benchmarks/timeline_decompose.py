@@ -5,17 +5,19 @@ without TensorFlow:
 
 1. **Transfers.** Per graph, over every traced split step: the delivery (producer end to
    arrival) against the lone-transfer estimate of the calibrated links; how long after
-   the producer ended the RecvTensor call started, and how long the call itself took;
+   the producer ended the sender started its response (a ``RecvTensor`` record's start:
+   the later of the receiver's call and the sender's ``send_start_micros``, stamped as it
+   encodes the tensor), and how long the response itself took;
    and the share of the delivery in which the sender and the receiver were computing.
-2. **The step's first call, and after a quiet spell.** When the step's first RecvTensor
-   call started and how much of the time before it no device computed; then the
+2. **The step's first response, and after a quiet spell.** When the step's first
+   response started and how much of the time before it no device computed; then the
    deliveries split by how long no RPC had run when the producer ended (under 20 ms, or
-   20 ms and more, which holds each step's first transfers): the waits before the call
-   start gather there.
-   Then each call in context (:func:`call_context`): was its sender computing when it
-   started, idle with an op ready, or idle with nothing ready; the deliveries in which
-   neither end computed at first, against the others; and how far apart one receiver's
-   calls start.
+   20 ms and more, which holds each step's first transfers): the waits before the
+   response gather there.
+   Then each response in context (:func:`response_context`): was its sender computing
+   when it started, idle with an op ready, or idle with nothing ready; the deliveries in
+   which neither end computed at first, against the others; and how far apart the
+   responses to one receiver start.
 3. **Replay in the executor's own order.** Every traced step scheduled with its traced
    op times, each device running its ops in their traced order, and every transfer taking
    its traced delivery (:func:`traced_order_span`), with a per-message cost ``a + k x
@@ -52,15 +54,15 @@ IDLE_WINDOW_US = 200.0
 
 def deliveries(step, graph_links=None) -> dict:
     """Per data transfer of one traced step (control messages and unknown producers left
-    out): ``delivery`` (arrival - producer end), ``ask`` (RPC start - producer end),
-    ``rpc`` (the call's own time), ``quiet`` (how long before the producer's end the
+    out): ``delivery`` (arrival - producer end), ``wait`` (response start - producer
+    end), ``wire`` (the response's own time), ``quiet`` (how long before the producer's end the
     last RPC of the step ended, on any link; inf for none), ``sender_busy`` and
     ``receiver_busy`` (share of the delivery each device spent in ops), and with
     ``graph_links`` = (latency, bandwidth) the lone-transfer ``estimate`` (µs)."""
     m = ~step.x_control & np.isfinite(step.x_producer_end) & (step.x_end > step.x_producer_end)
     idx = np.flatnonzero(m)
     a, b = step.x_producer_end[idx], step.x_end[idx]
-    out = {"delivery": step.delivery_us[idx], "ask": step.x_start[idx] - a, "rpc": step.wire_us[idx]}
+    out = {"delivery": step.delivery_us[idx], "wait": step.x_start[idx] - a, "wire": step.wire_us[idx]}
     ends = np.sort(step.x_end[np.isfinite(step.x_end)])
     k = np.searchsorted(ends, a, side="right")  # RPCs (any link, any kind) ended by the producer's end
     out["quiet"] = np.where(k > 0, a - ends[np.maximum(k - 1, 0)], np.inf)
@@ -78,9 +80,9 @@ def deliveries(step, graph_links=None) -> dict:
     return out
 
 
-def first_call(step) -> tuple[float, float]:
-    """(when the step's first RecvTensor call started, how much of the time before it no
-    device spent in an op), µs from the step's first op; (nan, nan) with no call."""
+def first_response(step) -> tuple[float, float]:
+    """(when the step's first response started, how much of the time before it no device
+    spent in an op), µs from the step's first op; (nan, nan) with no transfer record."""
     ok = np.isfinite(step.x_start)
     if not ok.any():
         return float("nan"), float("nan")
@@ -91,13 +93,13 @@ def first_call(step) -> tuple[float, float]:
     return t - t0, (t - t0) - covered
 
 
-def call_context(graph, step, placement, window_us: float = IDLE_WINDOW_US) -> dict:
-    """Per RecvTensor call of one traced step whose producer is known: the sender's state
-    when the call started, ``sender`` 0 computing, 1 idle while one of its ops had every
+def response_context(graph, step, placement, window_us: float = IDLE_WINDOW_US) -> dict:
+    """Per transfer record of one traced step whose producer is known: the sender's state
+    when its response started, ``sender`` 0 computing, 1 idle while one of its ops had every
     input and had not started, 2 idle with nothing ready; ``both_idle``, neither device
     computed in the ``window_us`` after the producer's end (a fixed window: one as long as
     the delivery would favour the short deliveries); ``delivery`` (µs). And ``spacing``:
-    the gaps between consecutive call starts on each receiving device."""
+    the gaps between consecutive response starts to each receiving device."""
     p = np.asarray(placement)
     local, _, arrived = input_times(step, graph, p)
     ready = np.fmax(local, arrived)
@@ -195,7 +197,7 @@ def traced_order_span(graph, step, placement, a: float = 0.0, k: float = 0.0, li
 
 
 def _transfer_tables(data, lone_links) -> None:
-    print(f"{'graph':<34} {'n':>6} {'delivery':>9} {'lone est.':>9} {'ask':>7} {'rpc':>7} {'sender':>7} "
+    print(f"{'graph':<34} {'n':>6} {'delivery':>9} {'lone est.':>9} {'wait':>7} {'wire':>7} {'sender':>7} "
           f"{'receiver':>8}")
     pooled = {}  # graph -> every split step's deliveries, concatenated (the quiet table reads them too)
     for name, (g, prof, recs, _) in data.items():
@@ -204,35 +206,35 @@ def _transfer_tables(data, lone_links) -> None:
                 for label, rec in recs if not label.startswith("single") for st in rec.steps]
         c = pooled[name] = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
         print(f"{name[:34]:<34} {len(c['delivery']):>6} {np.median(c['delivery']):>9.0f} "
-              f"{np.median(c['estimate']):>9.0f} {np.median(c['ask']):>7.0f} {np.median(c['rpc']):>7.0f} "
+              f"{np.median(c['estimate']):>9.0f} {np.median(c['wait']):>7.0f} {np.median(c['wire']):>7.0f} "
               f"{np.mean(c['sender_busy']):>7.2f} {np.mean(c['receiver_busy']):>8.2f}")
     print("(µs, medians; sender and receiver: mean share of the delivery spent computing)\n")
-    print(f"{'graph':<34} {'first call':>10} {'p90':>6} {'no op before it':>15} {'of the span':>11} {'p90':>5}")
+    print(f"{'graph':<34} {'first resp.':>12} {'p90':>6} {'no op before it':>15} {'of the span':>11} {'p90':>5}")
     for name, (g, prof, recs, _) in data.items():
-        rows = [(*first_call(st), st.span_us) for label, rec in recs if not label.startswith("single")
+        rows = [(*first_response(st), st.span_us) for label, rec in recs if not label.startswith("single")
                 for st in rec.steps]
         f, idle, span = np.array([r for r in rows if np.isfinite(r[0])]).T
         print(f"{name[:34]:<34} {np.median(f) / 1e3:>10.1f} {np.percentile(f, 90) / 1e3:>6.1f} "
               f"{np.median(idle) / 1e3:>15.1f} {100 * np.median(idle / span):>10.1f}% "
               f"{100 * np.percentile(idle / span, 90):>4.1f}%")
-    print("(ms from the step's first op to its first RecvTensor call, and the time before it in which no device"
+    print("(ms from the step's first op to its first response, and the time before it in which no device"
           " computed)\n")
-    print(f"{'graph':<34} {'quiet':>8} {'n':>6} {'delivery':>9} {'ask':>7} {'share of ask time':>17}")
+    print(f"{'graph':<34} {'quiet':>8} {'n':>6} {'delivery':>9} {'wait':>7} {'share of wait time':>18}")
     for name, c in pooled.items():
         for what, m in (("< 20 ms", c["quiet"] < QUIET_US), (">= 20 ms", c["quiet"] >= QUIET_US)):
-            share = np.clip(c["ask"][m], 0, None).sum() / max(np.clip(c["ask"], 0, None).sum(), 1e-9)
-            med = {k: np.median(c[k][m]) if m.any() else np.nan for k in ("delivery", "ask")}
-            print(f"{name[:34]:<34} {what:>8} {int(m.sum()):>6} {med['delivery']:>9.0f} {med['ask']:>7.0f} "
+            share = np.clip(c["wait"][m], 0, None).sum() / max(np.clip(c["wait"], 0, None).sum(), 1e-9)
+            med = {k: np.median(c[k][m]) if m.any() else np.nan for k in ("delivery", "wait")}
+            print(f"{name[:34]:<34} {what:>8} {int(m.sum()):>6} {med['delivery']:>9.0f} {med['wait']:>7.0f} "
                   f"{100 * share:>16.0f}%")
     print("(quiet: time since the step's last RPC ended, on any link, when the producer ended;"
           " >= 20 ms holds the step's first transfers)\n")
 
 
-def _call_table(data) -> None:
-    print(f"{'graph':<34} {'calls':>6} {'computing':>9} {'op ready':>8} {'nothing':>7} "
+def _response_table(data) -> None:
+    print(f"{'graph':<34} {'resp.':>6} {'computing':>9} {'op ready':>8} {'nothing':>7} "
           f"{'both idle':>9} {'delivery':>8} {'else':>6} {'spacing p25':>11} {'p50':>5}")
     for name, (g, prof, recs, _) in data.items():
-        rows = [call_context(g, st, rec.placement) for label, rec in recs if not label.startswith("single")
+        rows = [response_context(g, st, rec.placement) for label, rec in recs if not label.startswith("single")
                 for st in rec.steps]
         c = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
         s, idle = c["sender"], c["both_idle"]
@@ -240,9 +242,9 @@ def _call_table(data) -> None:
               f"{100 * np.mean(s == 2):>6.0f}% {100 * idle.mean():>8.0f}% {np.median(c['delivery'][idle]):>8.0f} "
               f"{np.median(c['delivery'][~idle]):>6.0f} {np.percentile(c['spacing'], 25):>11.0f} "
               f"{np.median(c['spacing']):>5.0f}")
-    print("(the sender when a call started: computing, idle with an op ready, idle with nothing ready; both idle:"
+    print("(the sender when a response started: computing, idle with an op ready, idle with nothing ready; both idle:"
           f" neither end computed in the {IDLE_WINDOW_US:g} µs after the producer's end, its median delivery in µs"
-          " beside the others'; spacing: µs between consecutive call starts on one receiving device)\n")
+          " beside the others'; spacing: µs between consecutive response starts to one receiving device)\n")
 
 
 def _replay_table(data, grid) -> None:
@@ -318,7 +320,7 @@ def main(argv=None) -> int:
     if not data:
         raise SystemExit(f"{a.dir}: no recorded graphs (run timeline_fit.py record first)")
     _transfer_tables(data, lone_links)
-    _call_table(data)
+    _response_table(data)
     _replay_table(data, grid)
     _order_tables(data, lone_links, lone_cost)
     return 0

@@ -184,7 +184,7 @@ def _print(e: dict, top: int) -> None:
                     key=lambda x: -x["delivery_us"])[:top]
         if xs:
             click.echo("")
-            click.echo("longest transfers (ms from the first op)   bytes prod.end rpc.start  rpc.end consumer "
+            click.echo("longest transfers (ms from the first op)   bytes prod.end resp.start arrival consumer "
                        "    wire delivery")
             for x in xs:
                 name = (x["producer"] or x["edge"])[-36:]

@@ -13,10 +13,15 @@ A timeline file (format ``placetool.timeline``, version 1; written by
      "single": {"device": 0, "step_us": .., "op_us": {"OP": median_us, ...}}}  # optional
 
 Times are µs from the step's first record. ``recv`` are the ``RecvTensor`` RPCs as the
-receiving worker logs them; the RPC's end is when the tensor arrived. Each transfer is
-read as producer end <= RPC start <= RPC end (arrival) <= first consumer start (so it was
-in every recorded step); its *wire time* is arrival - max(producer end, RPC start), its
-*delivery time* arrival - producer end, which adds any wait for the receiver to ask.
+receiving worker logs them. The record's end is when the tensor arrived. Its start is the
+later of two times: when the receiver issued the call, and when the sender began its
+response. TensorFlow stamps the second (``send_start_micros``) on the sender as it
+encodes the tensor, once both the request and the tensor are there. So the start is
+the *response start*: for a tensor produced before the call came, the request's
+arrival at the sender; otherwise when the sender's ``_Send`` ran. Each transfer is read
+as producer end <= response start <= arrival <= first consumer start (so it was in every
+recorded step). Its *wire time* is arrival - max(producer end, response start). Its
+*delivery time* is arrival - producer end, which adds the wait for the response to start.
 
 :func:`breakdown` splits each device's step into busy (running graph ops), ready
 (an op of it had every input and had not started: the executor's own gaps), transfer
@@ -60,8 +65,8 @@ class Step:
     x_src: np.ndarray
     x_dst: np.ndarray
     x_bytes: np.ndarray         # int64
-    x_start: np.ndarray         # RecvTensor RPC start
-    x_end: np.ndarray           # RecvTensor RPC end: the tensor's arrival
+    x_start: np.ndarray         # response start: the later of the call's issue and the sender's send start
+    x_end: np.ndarray           # RecvTensor record's end: the tensor's arrival
     x_control: np.ndarray       # bool: a control edge's zero-byte message
     x_producer_end: np.ndarray  # NaN where the producer is unknown
     x_consumer_start: np.ndarray  # first consumer on the destination; NaN if none traced
@@ -90,13 +95,13 @@ class Step:
 
     @property
     def wire_us(self) -> np.ndarray:
-        """Per transfer: arrival - max(producer end, RPC start): the RPC's own time."""
+        """Per transfer: arrival - max(producer end, response start): the response's own time."""
         return self.x_end - np.fmax(self.x_producer_end, self.x_start)
 
     @property
     def delivery_us(self) -> np.ndarray:
         """Per transfer: arrival - producer end (the wire time plus any wait for the
-        receiver to ask): what the consumer saw."""
+        response to start): what the consumer saw."""
         return self.x_end - self.x_producer_end
 
 
@@ -348,7 +353,7 @@ def breakdown(rec: Recording, step: int | Step = 0) -> dict:
 
 def transfers(rec: Recording, step: int | Step = 0) -> list[dict]:
     """Per transfer of one step, in arrival order: edge, producer, src, dst, bytes, kind,
-    producer end, RPC start and end, first consumer start (µs from the first op start),
+    producer end, response start, arrival, first consumer start (µs from the first op start),
     wire time, delivery time and the wait after arrival."""
     st = rec.steps[step] if isinstance(step, int) else step
     t0 = st.t0

@@ -29,7 +29,7 @@ def bench():
 
 def two_devices():
     """a (dev 0, 0-10 µs) sends 1 MB to b (dev 1, traced 50-60); c (dev 0, 10-30) is
-    independent. The RecvTensor call ran 12-40: a delivery of 30 µs."""
+    independent. Its RecvTensor record ran 12-40 (response start, arrival): a delivery of 30 µs."""
     g = OpGraph.from_networkx(nxgraph({"a": 1_000_000, "b": 1, "c": 1}, [("a", "b")]), "two")
     i = {n: g.names.index(n) for n in "abc"}
     dev, start, end = np.zeros(3, np.int64), np.zeros(3), np.zeros(3)
@@ -50,14 +50,14 @@ def test_the_executor_order_replay_by_hand(bench):
     # for 15 after the arrival at 40: 55-65
     assert bench.traced_order_span(g, st, placement, 5.0, 10e-6) == pytest.approx(65.0)
     d = bench.deliveries(st, (np.full((2, 2), 2.0), np.full((2, 2), 1e5)))
-    assert d["delivery"].tolist() == [30.0] and d["ask"].tolist() == [2.0] and d["rpc"].tolist() == [28.0]
+    assert d["delivery"].tolist() == [30.0] and d["wait"].tolist() == [2.0] and d["wire"].tolist() == [28.0]
     assert d["sender_busy"].tolist() == [pytest.approx(20 / 30)] and d["receiver_busy"].tolist() == [0.0]
     assert d["estimate"].tolist() == [pytest.approx(12.0)]
     assert d["quiet"].tolist() == [np.inf]  # no call had ended when a did
-    # the first call starts at 12; a (0-10) and c (10-30) computed all the time before it
-    assert bench.first_call(st) == (12.0, 0.0)
+    # the first response starts at 12; a (0-10) and c (10-30) computed all the time before it
+    assert bench.first_response(st) == (12.0, 0.0)
     late = Step(**{**st.__dict__, "x_start": np.array([35.0]), "x_end": np.array([40.0])})
-    assert bench.first_call(late) == (35.0, 5.0)  # 30-35: no op ran
+    assert bench.first_response(late) == (35.0, 5.0)  # 30-35: no op ran
 
 
 def test_quiet_counts_from_the_last_call_that_ended(bench):
@@ -89,21 +89,21 @@ def test_lone_deliveries_in_the_traced_order(bench):
 
 
 
-def test_the_sender_at_each_call_by_hand(bench):
+def test_the_sender_at_each_response_by_hand(bench):
     g, st, placement = two_devices()
-    c = bench.call_context(g, st, placement)
-    # the call starts at 12 while c (dev 0, 10-30) computes; c's run overlaps the window after a's end
+    c = bench.response_context(g, st, placement)
+    # the response starts at 12 while c (dev 0, 10-30) computes; c's run overlaps the window after a's end
     assert c["sender"].tolist() == [0] and c["both_idle"].tolist() == [False]
     assert c["delivery"].tolist() == [30.0] and c["spacing"].size == 0
-    # the call at 35: c has ended and nothing else is ready on dev 0
+    # the response at 35: c has ended and nothing else is ready on dev 0
     late = Step(**{**st.__dict__, "x_start": np.array([35.0])})
-    assert bench.call_context(g, late, placement)["sender"].tolist() == [2]
+    assert bench.response_context(g, late, placement)["sender"].tolist() == [2]
     # c moved to 45-65: ready from the start (no inputs), not started at 35; neither device
     # computes in the 30 µs after a's end (10), but c does within 200 µs of it
     i = g.names.index("c")
     start, end = st.op_start.copy(), st.op_end.copy()
     start[i], end[i] = 45.0, 65.0
     held = Step(**{**late.__dict__, "op_start": start, "op_end": end})
-    c = bench.call_context(g, held, placement, window_us=30.0)
+    c = bench.response_context(g, held, placement, window_us=30.0)
     assert c["sender"].tolist() == [1] and c["both_idle"].tolist() == [True]
-    assert bench.call_context(g, held, placement)["both_idle"].tolist() == [False]
+    assert bench.response_context(g, held, placement)["both_idle"].tolist() == [False]

@@ -2,7 +2,8 @@
 
 A FULL_TRACE step's ``step_stats`` hold, per device, one record per op run (start, duration)
 and, on the receiving device, one ``RecvTensor`` record per tensor fetched from another
-worker (the RPC's start and end, the edge name, the bytes). :func:`capture` runs a
+worker (its start, the later of the call's issue and the sender's response start, and
+its end, the tensor's arrival; the edge name, the bytes). :func:`capture` runs a
 placement's traced steps (and optionally the same steps on one device, for the per-op
 inflation) and keeps exactly those records, as JSON-ready lists that
 :func:`placetool.costmodel.timeline.load` reads without TensorFlow.
