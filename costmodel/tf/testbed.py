@@ -215,6 +215,8 @@ class Testbed:
     _procs: list = field(default_factory=list, repr=False)
     #: the log folder was made for this testbed (a temporary one): removed by :meth:`stop`
     own_log_dir: bool = False
+    #: ``host:port`` of each worker's TensorFlow profiler server (started with ``profiler=True``)
+    profiler_addresses: list[str] = field(default_factory=list)
 
     @property
     def n_workers(self) -> int:
@@ -226,11 +228,14 @@ class Testbed:
 
     @classmethod
     def start(cls, n_workers: int, device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S,
-              detached: bool = False, log_dir=None, cores=None, onednn: bool = False) -> "Testbed":
+              detached: bool = False, log_dir=None, cores=None, onednn: bool = False,
+              profiler: bool = False) -> "Testbed":
         """Start ``n_workers`` servers and wait until each listens (or raise, stopping all).
 
         ``detached``: survive this process (for ``testbed up``); otherwise the workers die
         with it. ``cores``: cores to pin to, round-robin (default: this process's affinity).
+        ``profiler``: each worker also serves TensorFlow's profiler
+        (:attr:`profiler_addresses`; :mod:`placetool.costmodel.tf.host_trace` reads it).
         """
         if n_workers < 1:
             raise TestbedError(f"a testbed needs at least 1 worker, got {n_workers}")
@@ -240,10 +245,11 @@ class Testbed:
         own = log_dir is None
         log_dir = Path(log_dir or tempfile.mkdtemp(prefix="placetool-testbed-"))
         log_dir.mkdir(parents=True, exist_ok=True)
-        ports = free_ports(n_workers)
-        workers = [f"localhost:{p}" for p in ports]
+        ports = free_ports(2 * n_workers if profiler else n_workers)
+        workers = [f"localhost:{p}" for p in ports[:n_workers]]
         spec = ClusterSpec.for_workers(workers, device)
-        tb = cls(spec, [], str(log_dir), detached, own_log_dir=own)
+        tb = cls(spec, [], str(log_dir), detached, own_log_dir=own,
+                 profiler_addresses=[f"localhost:{p}" for p in ports[n_workers:]])
         _install_handlers()
         _LIVE.add(tb)
         try:
@@ -262,6 +268,8 @@ class Testbed:
                         "--core", str(cores[k % len(cores)]), "--device", device]
                 if not detached:
                     args += ["--parent", str(os.getpid())]
+                if profiler:
+                    args += ["--profiler-port", tb.profiler_addresses[k].rsplit(":", 1)[1]]
                 log = open(log_dir / f"worker{k}.log", "wb")
                 p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True, cwd=log_dir)
@@ -443,6 +451,7 @@ def _worker_main(argv) -> None:
     ap.add_argument("--core", type=int, default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--parent", type=int, default=None)
+    ap.add_argument("--profiler-port", type=int, default=None)
     a = ap.parse_args(argv)
     if a.parent:
         _die_with_parent(a.parent)
@@ -472,6 +481,8 @@ def _worker_main(argv) -> None:
         tf.train.ClusterSpec(json.loads(a.cluster)), job_name=next(iter(json.loads(a.cluster))),
         task_index=a.task, config=config, start=True,
     )
+    if a.profiler_port:
+        tf.profiler.experimental.server.start(a.profiler_port)
     print(f"placetool testbed worker {a.task} listening at {server.target}", flush=True)
     server.join()
 
