@@ -52,6 +52,8 @@ class HostTraceError(UserError):
 
 @dataclass
 class Event:
+    """One event of a worker's host trace."""
+
     thread: str          # the thread's name, without TensorFlow's numeric suffix
     start_us: float      # on the host's clock
     dur_us: float
