@@ -12,6 +12,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -316,6 +317,45 @@ def test_a_runs_timeout_leaves_compiling_out_as_its_budget_does(monkeypatch):
     rec = run_one(run)
     assert rec["status"] == "failed" and rec["error"] == "RunTimeout: run took longer than timeout_seconds = 0.5"
     assert rec["wall_seconds"] < 0.8
+
+
+class _SlowToFree:
+    """Frees itself for ``seconds`` of work, as llvmlite's compiled code does in ``__del__``."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __del__(self):
+        t = time.thread_time()
+        while time.thread_time() - t < self.seconds:
+            pass
+
+
+def _times_out_inside_a_finalizer(problem, budget, seed, tracker):
+    """The run's timeout (0.5 s) comes while a finalizer runs (0-1 s), then plain work."""
+    x = _SlowToFree(1.0)
+    del x
+    t = time.thread_time()
+    while time.thread_time() - t < 10.0:
+        pass
+    tracker.evaluate(np.zeros((1, problem.n_groups), np.int32))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped first one
+def test_a_timeout_that_lands_in_a_finalizer_is_raised_again(monkeypatch):
+    from placetool.search import Budget
+    from placetool.search import registry as B
+    from placetool.search.sweeps.sweep import Run
+
+    monkeypatch.setitem(B.REGISTRY, "times-out-in-del", B.MethodInfo(
+        "times-out-in-del", _times_out_inside_a_finalizer, "frees slowly, then works", Budget(evals=1), None))
+    run = Run("synthetic-100", "synthetic-100", "k80x2", "k80x2", "times-out-in-del", 0, 1, None,
+              timeout_seconds=0.5)
+    rec = run_one(run)
+    # Python drops the first RunTimeout (raised inside __del__); the next one, after it, sticks
+    assert rec["status"] == "failed" and rec["error"] == "RunTimeout: run took longer than timeout_seconds = 0.5"
+    assert rec["wall_seconds"] < 5.0
 
 
 # ------------------------------------------------------------------ report

@@ -103,6 +103,9 @@ def _pin_threads(threads: int | None) -> None:
 #: the most wall time a run's ``timeout_seconds`` waits on for numba compiling (a compile
 #: that never returns is a hang like any other)
 COMPILE_GRACE_S = 600.0
+#: a run's timeout is raised again this often until it sticks: raised while Python runs a
+#: finalizer (``__del__``: llvmlite frees compiled code in them) it is printed and dropped
+TIMEOUT_RETRY_S = 0.05
 
 
 def run_one(run: Run, threads: int | None = None) -> dict:
@@ -132,6 +135,7 @@ def run_one(run: Run, threads: int | None = None) -> dict:
                 if min(left, grace) > 0.01:
                     signal.setitimer(signal.ITIMER_REAL, min(left, grace))
                     return
+                signal.setitimer(signal.ITIMER_REAL, TIMEOUT_RETRY_S)
                 raise RunTimeout(f"run took longer than timeout_seconds = {run.timeout_seconds:g}")
 
             old = signal.signal(signal.SIGALRM, _timeout)
