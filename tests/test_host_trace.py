@@ -9,7 +9,7 @@ import pytest
 from placetool.costmodel.tf.host_trace import Event, HostTraceError, step_transfers
 
 
-def _bounds(w: int, sid: int, start: float, end: float) -> list[Event]:
+def _bounds(sid: int, start: float, end: float) -> list[Event]:
     return [Event("tf_Compute", start, 1.0, "RunGraph", "", {"id": sid}),
             Event("tf_Compute", end - 1.0, 1.0, "RunGraphDone", "", {"id": sid})]
 
@@ -30,11 +30,11 @@ def test_a_receive_paired_with_its_send_by_hand():
     # step 7 runs 1000-1200 on both workers. Worker 0 asks for x (its _Recv x_S2) at 1010
     # for 20 µs, computes a MatMul 1040-1100, and the tensor's arrival is handled at 1060,
     # inside it. Worker 1's _Send x_S1 runs at 1030; y_S4 is asked for and never arrives.
-    w0 = _bounds(0, 7, 1000.0, 1200.0) + _recv(7, "x_S2", 1010.0, 20.0, 1060.0)
+    w0 = _bounds(7, 1000.0, 1200.0) + _recv(7, "x_S2", 1010.0, 20.0, 1060.0)
     w0 += [Event("tf_Compute", 1040.0, 60.0, "a:MatMul", "MatMul"), _run(7, 1035.0, 70.0)]
     w0 += [Event("tf_Compute", 1150.0, 3.0, "ExecutorState::ProcessAsync::Start", "",
                  {"name": "y_S4", "kernel_type": "_Recv", "step_id": 7})]
-    w1 = _bounds(1, 7, 1005.0, 1190.0) + [Event("tf_Compute", 1030.0, 1.0, "x_S1:_Send", "_Send"),
+    w1 = _bounds(7, 1005.0, 1190.0) + [Event("tf_Compute", 1030.0, 1.0, "x_S1:_Send", "_Send"),
                                           _run(7, 1025.0, 10.0)]
     # an op outside any of the executor's runs of the step belongs to none
     w0 += [Event("tf_Compute", 1120.0, 5.0, "b:Add", "Add")]
@@ -56,9 +56,9 @@ def test_a_worker_whose_clock_runs_ahead_is_shifted_back_by_the_least_causality_
 
     # worker 1's stamps run 400 µs ahead. Its _Send x_S1 at 1430 (really 1030) reaches worker 0
     # at 1060; worker 0's _Send y_S3 at 1100 reaches worker 1 at 1600 (really 1200).
-    w0 = _bounds(0, 7, 1000.0, 1300.0) + _recv(7, "x_S2", 1010.0, 20.0, 1060.0)
+    w0 = _bounds(7, 1000.0, 1300.0) + _recv(7, "x_S2", 1010.0, 20.0, 1060.0)
     w0 += [Event("tf_Compute", 1100.0, 1.0, "y_S3:_Send", "_Send"), _run(7, 1095.0, 10.0)]
-    w1 = _bounds(1, 7, 1405.0, 1690.0) + _recv(7, "y_S4", 1420.0, 10.0, 1600.0)
+    w1 = _bounds(7, 1405.0, 1690.0) + _recv(7, "y_S4", 1420.0, 10.0, 1600.0)
     w1 += [Event("tf_Compute", 1430.0, 1.0, "x_S1:_Send", "_Send"), _run(7, 1425.0, 10.0)]
     # x bounds the shift from above (1060 - 1430), y from below (1100 - 1600): the least is -370
     assert clock_offsets([w0, w1]).tolist() == [0.0, -370.0]
