@@ -1,10 +1,44 @@
 """Process and thread helpers: whether a process runs (the sweep pool, the TF worker
-testbed), and the threads the simulators share their work out to."""
+testbed), the threads the simulators share their work out to, and a file descriptor sent
+elsewhere while C code prints on it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
+
+
+@contextlib.contextmanager
+def fd_redirected(fd: int, to: int | None = None):
+    """File descriptor ``fd`` goes to descriptor ``to`` meanwhile (None: the null device):
+    for what C and C++ libraries print past Python's streams (METIS on stdout, TensorFlow's
+    profiler client), so that ``--json`` output stays JSON. Python's and C's buffers are
+    flushed on the way in and out, so nothing lands on the wrong side."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+
+    def flush():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        libc.fflush(None)
+
+    flush()
+    saved = os.dup(fd)
+    try:
+        if to is None:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+        else:
+            os.dup2(to, fd)
+        yield
+    finally:
+        flush()
+        os.dup2(saved, fd)
+        os.close(saved)
 
 
 def process_alive(pid: int) -> bool:

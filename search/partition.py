@@ -12,11 +12,9 @@ The group facts they read (accelerators, traffic, memory estimate) are
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
-
 import numpy as np
+
+from placetool.costmodel.procs import fd_redirected
 
 from .kernighan_lin import kernighan_lin
 from .problem import accelerators, fallback_device, gpu_group_time, group_memory_bytes
@@ -106,31 +104,13 @@ def metis_parts(problem, n_parts: int, nodes=None, seed: int = 0) -> np.ndarray:
     vw = _int_weights(gpu_group_time(problem)[nodes], top=1 << 16)
     ew = _int_weights(w) if len(w) else None
     opts = pymetis.Options(seed=int(seed) % (1 << 31))
-    with _c_stdout_discarded():
+    # asked for hundreds of parts (a cluster of hundreds of GPUs), METIS prints "Cannot bisect a
+    # graph with 0 vertices!" on stdout once per empty part, into the middle of `search --json`'s
+    # output; the partition it returns is used all the same
+    with fd_redirected(1):
         _, parts = pymetis.part_graph(int(n_parts), xadj=xadj, adjncy=adjncy, vweights=vw,
                                       eweights=ew, options=opts)
     return np.asarray(parts, np.int64)
-
-
-@contextlib.contextmanager
-def _c_stdout_discarded():
-    """Discard what C code prints on the process's stdout meanwhile. METIS asked for
-    hundreds of parts (a cluster of hundreds of GPUs) prints "Cannot bisect a graph with 0
-    vertices!" there, once per empty part, into the middle of ``search --json``'s output;
-    the partition it returns is used all the same."""
-    import ctypes
-
-    libc = ctypes.CDLL(None)
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), 1)
-        yield
-    finally:
-        libc.fflush(None)  # C's own buffer, before fd 1 is the real stdout again
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _movable(problem, acc):

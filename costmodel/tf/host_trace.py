@@ -26,11 +26,8 @@ after its ``_Send``; :func:`step_transfers` applies it.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import statistics
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
+from ..procs import fd_redirected
 
 #: TensorFlow's profiler at this host tracer level records the executor's async starts and ends
 HOST_TRACER_LEVEL = 3
@@ -219,21 +217,6 @@ def _wait_for(addresses, timeout_s: float) -> None:
             time.sleep(0.1)
 
 
-@contextlib.contextmanager
-def _stdout_to_stderr():
-    """The profiler's client prints its progress on file descriptor 1; a ``--json`` caller's
-    stdout must hold only its JSON."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def capture(traced, placement, testbed, logdir, steps: int = 5, warmup: int = 3,
             timeout_s: float = 120.0) -> list[list[Event]]:
     """Run ``steps`` steps of ``placement`` on ``testbed`` (started with ``profiler=True``)
@@ -266,7 +249,7 @@ def capture(traced, placement, testbed, logdir, steps: int = 5, warmup: int = 3,
             except Exception as e:  # reported below, in the caller's thread
                 failed.append(e)
 
-        with _stdout_to_stderr():
+        with fd_redirected(1, to=2):  # the profiler client prints its progress on stdout
             th = threading.Thread(target=trace, daemon=True)
             th.start()
             time.sleep(1.0)
