@@ -298,17 +298,21 @@ def _compiles_past_the_timeout(problem, budget, seed, tracker):
     tracker.evaluate(np.zeros((1, problem.n_groups), np.int32))
 
 
-@pytest.mark.timeout(60)
-def test_a_runs_timeout_leaves_compiling_out_as_its_budget_does(monkeypatch):
+def _half_second_run(monkeypatch, name: str, fn, what: str):
+    """A one-evaluation run of ``fn``, registered as method ``name``, with a 0.5 s timeout."""
     from placetool.search import Budget
     from placetool.search import registry as B
-    from placetool.search.sweeps import sweep
     from placetool.search.sweeps.sweep import Run
 
-    monkeypatch.setitem(B.REGISTRY, "compiles-past-timeout", B.MethodInfo(
-        "compiles-past-timeout", _compiles_past_the_timeout, "compiles, then scores", Budget(evals=1), None))
-    run = Run("synthetic-100", "synthetic-100", "k80x2", "k80x2", "compiles-past-timeout", 0, 1, None,
-              timeout_seconds=0.5)
+    monkeypatch.setitem(B.REGISTRY, name, B.MethodInfo(name, fn, what, Budget(evals=1), None))
+    return Run("synthetic-100", "synthetic-100", "k80x2", "k80x2", name, 0, 1, None, timeout_seconds=0.5)
+
+
+@pytest.mark.timeout(60)
+def test_a_runs_timeout_leaves_compiling_out_as_its_budget_does(monkeypatch):
+    from placetool.search.sweeps import sweep
+
+    run = _half_second_run(monkeypatch, "compiles-past-timeout", _compiles_past_the_timeout, "compiles, then scores")
     rec = run_one(run)
     assert rec["status"] == "ok", rec.get("error")
     assert rec["compile_seconds"] >= 0.8 and rec["wall_seconds"] > 0.8 and rec["evaluations"] == 1
@@ -319,39 +323,32 @@ def test_a_runs_timeout_leaves_compiling_out_as_its_budget_does(monkeypatch):
     assert rec["wall_seconds"] < 0.8
 
 
-class _SlowToFree:
-    """Frees itself for ``seconds`` of work, as llvmlite's compiled code does in ``__del__``."""
+def _work(seconds: float) -> None:
+    """``seconds`` of this thread's CPU time, in plain Python."""
+    t = time.thread_time()
+    while time.thread_time() - t < seconds:
+        pass
 
-    def __init__(self, seconds):
-        self.seconds = seconds
+
+class _SlowToFree:
+    """Frees itself for a second of work, as llvmlite's compiled code does in ``__del__``."""
 
     def __del__(self):
-        t = time.thread_time()
-        while time.thread_time() - t < self.seconds:
-            pass
+        _work(1.0)
 
 
 def _times_out_inside_a_finalizer(problem, budget, seed, tracker):
     """The run's timeout (0.5 s) comes while a finalizer runs (0-1 s), then plain work."""
-    x = _SlowToFree(1.0)
+    x = _SlowToFree()
     del x
-    t = time.thread_time()
-    while time.thread_time() - t < 10.0:
-        pass
+    _work(10.0)
     tracker.evaluate(np.zeros((1, problem.n_groups), np.int32))
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped first one
 def test_a_timeout_that_lands_in_a_finalizer_is_raised_again(monkeypatch):
-    from placetool.search import Budget
-    from placetool.search import registry as B
-    from placetool.search.sweeps.sweep import Run
-
-    monkeypatch.setitem(B.REGISTRY, "times-out-in-del", B.MethodInfo(
-        "times-out-in-del", _times_out_inside_a_finalizer, "frees slowly, then works", Budget(evals=1), None))
-    run = Run("synthetic-100", "synthetic-100", "k80x2", "k80x2", "times-out-in-del", 0, 1, None,
-              timeout_seconds=0.5)
+    run = _half_second_run(monkeypatch, "times-out-in-del", _times_out_inside_a_finalizer, "frees slowly, then works")
     rec = run_one(run)
     # Python drops the first RunTimeout (raised inside __del__); the next one, after it, sticks
     assert rec["status"] == "failed" and rec["error"] == "RunTimeout: run took longer than timeout_seconds = 0.5"
