@@ -206,6 +206,7 @@ def _print(e: dict, top: int) -> None:
             "concurrent": "same latency, transfers side by side",
             "idle": "side by side, each sent once its sender has no op ready",
             "traced": "each transfer its own traced delivery time",
-            "cluster": "simulator with --cluster's transfer model"}
+            "cluster": "simulator with --cluster's transfer model",
+            "workers": "--cluster's links, TensorFlow's run queue, CPU per message"}
     for k, r in e["replay"].items():
         click.echo(f"  {what[k]:<66} {fmt_us(r['replay_us']):>11}  {r['error_pct']:+7.1f}%")

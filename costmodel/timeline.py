@@ -34,7 +34,7 @@ error of the simulator's schedule and communication rules alone.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +47,8 @@ VERSION = 1
 SMALL_BYTES = 64 * 1024
 #: the transfer rules :func:`replay` can put under a traced step
 REPLAYS = ("fifo", "concurrent", "idle", "traced")
+#: the replay on workers of one compute thread (:mod:`placetool.costmodel.workers`); needs a cluster's links
+WORKERS = "workers"
 
 
 class TimelineError(UserError):
@@ -449,7 +451,7 @@ def traced_cluster(rec: Recording, steps=None):
 
 
 def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float = 0.0,
-           links: str = "fifo") -> dict:
+           links: str = "fifo", costs=None) -> dict:
     """Simulate a traced step with its own op durations (oracle op times).
 
     Transfers: ``cluster`` None takes the links of :func:`traced_cluster` (the wire times
@@ -463,7 +465,11 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
     simulator's list schedule (:func:`list_schedule`) with each transfer taking its own
     traced delivery time, arrival - producer end (control messages too), so only op
     order and the runtime's gaps remain unmodelled; None (with ``cluster``) runs the
-    simulator under the cluster's own links.queue and links.send. ``ready_us`` is added
+    simulator under the cluster's own links.queue and links.send; ``"workers"`` (with
+    ``cluster``, whose links should be lone transfers' latency + bytes / bandwidth) runs
+    :func:`placetool.costmodel.workers.simulate_workers`, TensorFlow's run queue with
+    ``costs`` per message on the compute threads (default
+    :data:`~placetool.costmodel.workers.TESTBED_COSTS`). ``ready_us`` is added
     to every traced op (the runtime's gap per op, which op durations omit). Control edges
     across devices cost nothing but in ``"traced"``; the trace's zero-byte control
     messages are counted in ``control_transfers``.
@@ -475,10 +481,12 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
 
     if links is None and cluster is None:
         raise TimelineError("links None replays under a cluster's own rules: give the cluster")
-    if links is not None and links not in REPLAYS:
-        raise TimelineError(f"links {links!r}: expected one of {', '.join(map(repr, REPLAYS))}")
+    if links is not None and links not in REPLAYS + (WORKERS,):
+        raise TimelineError(f"links {links!r}: expected one of {', '.join(map(repr, REPLAYS + (WORKERS,)))}")
     st = rec.steps[step] if isinstance(step, int) else step
     g = rec.graph
+    if links == WORKERS:
+        return _replay_workers(rec, st, cluster, ready_us, costs)
     cl = traced_cluster(rec, [st]) if cluster is None else cluster
     if cl.n_devices != rec.n_devices:
         raise TimelineError(f"cluster {cl.name!r} has {cl.n_devices} devices; the timeline has {rec.n_devices}")
@@ -510,6 +518,27 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
             "wall_us": st.wall_us, "links": links, "cluster": cl.name,
             "ready_us": float(ready_us), "transfers": int((~st.x_control).sum()),
             "control_transfers": int(st.x_control.sum()), "simulated_transfers": simulated_transfers(g, p)}
+
+
+def _replay_workers(rec: Recording, st: Step, cluster, ready_us: float, costs) -> dict:
+    from .workers import TESTBED_COSTS, simulate_workers
+
+    if cluster is None:
+        raise TimelineError("links 'workers' puts each message's CPU on the compute threads: give the cluster "
+                            "whose links are the lone transfers (e.g. the calibrated one)")
+    if cluster.n_devices != rec.n_devices:
+        raise TimelineError(f"cluster {cluster.name!r} has {cluster.n_devices} devices; "
+                            f"the timeline has {rec.n_devices}")
+    costs = TESTBED_COSTS if costs is None else costs
+    t = simulate_workers(rec.graph, np.where(st.traced, st.op_us + ready_us, 0.0), rec.placement,
+                         cluster.latency_us, cluster.bandwidth_bytes_per_us, costs)
+    ms, meas = t.span_us(st.traced), st.span_us
+    return {"replay_us": ms, "measured_us": meas,
+            "error_pct": 100.0 * (ms - meas) / meas if meas > 0 else None,
+            "wall_us": st.wall_us, "links": WORKERS, "cluster": cluster.name, "costs": asdict(costs),
+            "ready_us": float(ready_us), "transfers": int((~st.x_control).sum()),
+            "control_transfers": int(st.x_control.sum()),
+            "simulated_transfers": simulated_transfers(rec.graph, rec.placement)}
 
 
 def simulated_transfers(graph, placement) -> int:
@@ -646,7 +675,8 @@ def explain(rec: Recording, step: int | None = None, cluster=None) -> dict:
     there, :mod:`placetool.costmodel.commfit`), how the executor ordered each device's
     ready ops (:func:`order_agreement`) and the replays (:data:`REPLAYS`: the
     simulator's link queue, transfers side by side, sent by idle workers, each its
-    traced time; plus ``cluster``'s model when given), with the spread of the traced
+    traced time; plus, when ``cluster`` is given, its model and its links under the
+    workers' run queue, ``"workers"``), with the spread of the traced
     steps' spans."""
     k = median_step(rec) if step is None else int(step)
     if not 0 <= k < len(rec.steps):
@@ -672,4 +702,5 @@ def explain(rec: Recording, step: int | None = None, cluster=None) -> dict:
            "replay": {m: replay(rec, k, links=m) for m in REPLAYS}}
     if cluster is not None:
         out["replay"]["cluster"] = replay(rec, k, cluster=cluster, links=None)
+        out["replay"][WORKERS] = replay(rec, k, cluster=cluster, links=WORKERS)
     return out

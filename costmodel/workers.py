@@ -1,0 +1,232 @@
+"""A TensorFlow worker's own schedule: one compute thread per device, and its run queue.
+
+The testbed's workers run with one inter-op thread (``tf_Compute``). TensorFlow's gRPC
+worker service runs each RecvTensor request on that same pool, and the executor hands it
+every op to run, so everything a worker does for a step passes through one Eigen run
+queue, which has two ends:
+
+- work the thread schedules itself goes to the **front** and is taken last in, first out:
+  the ops an op's end makes ready (the executor runs them depth first), and the step's
+  root nodes, scheduled in node order as the step starts;
+- work scheduled from another thread goes to the **back** and is taken first in, first
+  out, once the front is empty: the RecvTensor handler of a request from another worker,
+  and an op made ready by a tensor that arrived (the ``_Recv``'s callback runs on a gRPC
+  thread).
+
+A tensor needed on another device travels as TensorFlow sends it:
+
+1. the receiver's ``_Recv`` node, a root, issues the request when the thread reaches it
+   (``request_us`` of the receiver's thread); the request reaches the sender after the
+   link's latency back;
+2. the sender's thread runs the handler from the back of its queue (``handler_us``). If
+   the tensor is there, the handler encodes it (``send_us_per_byte``) and the response
+   leaves at its end; if not, the producer's thread encodes it as soon as the producer
+   ends, before anything else it holds, as the ``_Send`` does inline;
+3. the response takes the link's latency + bytes / bandwidth;
+4. the receiver's thread spends ``arrive_us + recv_us_per_byte x bytes`` on it, next
+   after what it is running (the gRPC threads share the worker's core), and the
+   consumers it makes ready go to the back.
+
+This is a replay model (:func:`placetool.costmodel.timeline.replay`, ``links="workers"``):
+plain Python, written to be read against TensorFlow's executor, not to be searched with.
+It answers which of a measured step's waits its rules explain.
+
+Example: ops ``a`` (50 µs) and ``b`` (30 µs) on device 0 each feed ``c`` (20 µs) on
+device 1; a request costs the receiver 10 µs, a handler the sender 5 µs, and a link
+100 µs each way.
+
+>>> import numpy as np
+>>> from placetool.costmodel.graph import OpGraph
+>>> g = OpGraph.from_arrays("ex", ["a", "b", "c"], ["X"] * 3, [0, 0, 0], [0, 1], [2, 2])
+>>> t = simulate_workers(g, np.array([50.0, 30.0, 20.0]), np.array([0, 0, 1]),
+...     np.full((2, 2), 100.0), np.full((2, 2), np.inf), WorkerCosts(request_us=10, handler_us=5))
+>>> t.op_start.tolist(), t.op_end.tolist(), t.x_issue.tolist(), t.x_response.tolist()
+([30.0, 0.0, 225.0], [80.0, 30.0, 245.0], [20.0, 10.0], [125.0, 115.0])
+
+Device 0 takes its later root ``b`` first. Device 1 issues the two requests one after
+the other, ``b``'s first (10 and 20 µs); they reach device 0 at 110 and 120 µs, after
+its ops, its handlers answer at 115 and 125, and ``c`` starts when the last tensor lands.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+OP, REQUEST, HANDLER, ENCODE, RECEIVE = range(5)
+# Event kinds: a task ends on a thread; a request reaches the sender; a response reaches the receiver.
+TASK_END, REQUEST_IN, RESPONSE_IN = range(3)
+
+
+@dataclass(frozen=True)
+class WorkerCosts:
+    """CPU a worker's compute thread spends per message (µs, and µs per byte)."""
+
+    request_us: float = 0.0        # the receiver issuing a request (its _Recv node)
+    handler_us: float = 0.0        # the sender's RecvTensor handler
+    send_us_per_byte: float = 0.0  # the sender encoding the tensor
+    arrive_us: float = 0.0         # the receiver taking the response in
+    recv_us_per_byte: float = 0.0
+
+
+#: the 2-core testbed's, the grid point that replays the recorded split steps of four
+#: graphs best together (``benchmarks/replay_workers.py``: median |error| 3.2%)
+TESTBED_COSTS = WorkerCosts(request_us=25.0, handler_us=50.0, send_us_per_byte=250e-6,
+                            arrive_us=25.0, recv_us_per_byte=250e-6)
+
+
+@dataclass
+class WorkerTrace:
+    op_start: np.ndarray     # µs, per op
+    op_end: np.ndarray
+    x_producer: np.ndarray   # per transfer: producing op
+    x_dst: np.ndarray        # destination device
+    x_issue: np.ndarray      # the request's issue (end of the receiver's request task)
+    x_response: np.ndarray   # the response leaving the sender
+    x_arrival: np.ndarray    # the response reaching the receiver
+    busy_us: np.ndarray      # per device: ops and message work
+
+    def span_us(self, mask=None) -> float:
+        """First op start to last op end, over ``mask`` (all ops if None)."""
+        m = slice(None) if mask is None else mask
+        return float(self.op_end[m].max() - self.op_start[m].min())
+
+
+def _transfers(graph, p):
+    """One transfer per (tensor, destination) of a data edge across devices, and per
+    (producer, destination) of a control edge (TensorFlow sends an empty tensor)."""
+    index, producer, dst, nbytes, consumers, first = {}, [], [], [], [], []
+    local = [[] for _ in range(graph.n_ops)]
+    for s, d, t in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_tensor.tolist()):
+        if p[s] == p[d]:
+            local[s].append(d)
+            continue
+        key = (t if t >= 0 else -1 - s, int(p[d]))
+        x = index.setdefault(key, len(producer))
+        if x == len(producer):
+            producer.append(s)
+            dst.append(int(p[d]))
+            nbytes.append(int(graph.tensor_bytes[t]) if t >= 0 else 0)
+            consumers.append([])
+            first.append(d)
+        consumers[x].append(d)
+        first[x] = min(first[x], d)
+    return local, producer, dst, nbytes, consumers, first
+
+
+def simulate_workers(graph, op_us, placement, latency_us, bandwidth, costs: WorkerCosts = WorkerCosts()
+                     ) -> WorkerTrace:
+    """Run one step of ``placement`` with op times ``op_us`` (µs per op) on workers of one
+    compute thread each (module docstring); links from ``latency_us`` and ``bandwidth``
+    (bytes per µs), indexed [source, destination]."""
+    p = np.asarray(placement, dtype=np.int64)
+    n = graph.n_ops
+    D = len(latency_us)
+    local, producer, dst, nbytes, consumers, first = _transfers(graph, p)
+    X = len(producer)
+    outgoing = [[] for _ in range(n)]
+    for x, s in enumerate(producer):
+        outgoing[s].append(x)
+    missing = np.zeros(n, dtype=np.int64)
+    np.add.at(missing, graph.edge_dst, 1)
+
+    urgent = [deque() for _ in range(D)]  # message work that takes the core next
+    front = [[] for _ in range(D)]        # taken from the end: last in, first out
+    back = [deque() for _ in range(D)]
+    running = [False] * D
+    busy = np.zeros(D)
+    op_start, op_end = np.zeros(n), np.zeros(n)
+    produced = [False] * X
+    handled = [False] * X  # the handler ran before the tensor was there
+    issue, response, arrival = (np.full(X, np.nan) for _ in range(3))
+    events = []
+    seq = 0
+
+    def at(t, kind, a, b=None):
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (t, seq, kind, a, b))
+
+    def duration(kind, i):
+        if kind == OP:
+            return float(op_us[i])
+        if kind == REQUEST:
+            return costs.request_us
+        if kind == HANDLER:
+            return costs.handler_us + (costs.send_us_per_byte * nbytes[i] if produced[i] else 0.0)
+        if kind == ENCODE:
+            return costs.send_us_per_byte * nbytes[i]
+        return costs.arrive_us + costs.recv_us_per_byte * nbytes[i]
+
+    def start(d, now):
+        if running[d] or not (urgent[d] or front[d] or back[d]):
+            return
+        kind, i = urgent[d].popleft() if urgent[d] else front[d].pop() if front[d] else back[d].popleft()
+        dur = duration(kind, i)
+        if kind == OP:
+            op_start[i], op_end[i] = now, now + dur
+        elif kind == HANDLER and not produced[i]:
+            handled[i] = True
+        running[d] = True
+        busy[d] += dur
+        at(now + dur, TASK_END, d, (kind, i))
+
+    def respond(x, now):
+        response[x] = now
+        s = p[producer[x]]
+        arrival[x] = now + latency_us[s, dst[x]] + nbytes[x] / bandwidth[s, dst[x]]
+        at(arrival[x], RESPONSE_IN, x)
+
+    def make_ready(ops, d):
+        for c in ops:
+            missing[c] -= 1
+            if missing[c] == 0:
+                back[d].append((OP, c))
+
+    # Roots in node order, the first taken last: a _Recv node sits just before its first consumer.
+    for d in range(D):
+        roots = [(float(op), (OP, int(op))) for op in np.flatnonzero((p == d) & (missing == 0))]
+        roots += [(first[x] - 0.5, (REQUEST, x)) for x in range(X) if dst[x] == d]
+        front[d] = [task for _, task in sorted(roots)]
+    for d in range(D):
+        start(d, 0.0)
+    while events:
+        now, _, kind, a, b = heapq.heappop(events)
+        if kind == TASK_END:
+            d, (task, i) = a, b
+            running[d] = False
+            if task == OP:
+                ready = []
+                for c in local[i]:
+                    missing[c] -= 1
+                    if missing[c] == 0:
+                        ready.append((OP, c))
+                for x in outgoing[i]:
+                    produced[x] = True
+                    if handled[x]:
+                        urgent[d].append((ENCODE, x))  # the inline _Send answers before anything else
+                front[d].extend(ready)
+            elif task == REQUEST:
+                issue[i] = now
+                at(now + latency_us[d, p[producer[i]]], REQUEST_IN, i)
+            elif task in (HANDLER, ENCODE) and produced[i]:
+                respond(i, now)
+            elif task == RECEIVE:
+                make_ready(consumers[i], d)
+            start(d, now)
+        elif kind == REQUEST_IN:
+            s = int(p[producer[a]])
+            back[s].append((HANDLER, a))
+            start(s, now)
+        else:
+            d = dst[a]
+            if costs.arrive_us or costs.recv_us_per_byte:
+                urgent[d].append((RECEIVE, a))
+            else:
+                make_ready(consumers[a], d)
+            start(d, now)
+    return WorkerTrace(op_start, op_end, np.asarray(producer, np.int64), np.asarray(dst, np.int64),
+                       issue, response, arrival, busy)
