@@ -39,6 +39,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 
 import numpy as np
 
@@ -131,6 +132,12 @@ def models_for(t, spec, a, log):
             log(f"  links.queue {q}, links.send {snd}: the same steps fitted: {fit.params}")
             out[f"{q}/{snd}"] = (CostModel(t.graph, with_transfer_params(base, fit.params, fit_in["kinds"]),
                                            profile=profile), profile, fit.summary())
+    if a.workers and fit_in:
+        from placetool.costmodel.workers import TESTBED_COSTS, with_worker_costs
+
+        # not fitted to this graph's steps: the costs that replay the recorded steps of other runs
+        out["none/workers"] = (CostModel(t.graph, with_worker_costs(fit_in["cluster"]), profile=profile), profile,
+                               {"costs": asdict(TESTBED_COSTS), "fitted": "no: workers.TESTBED_COSTS"})
     return out
 
 
@@ -205,6 +212,9 @@ def main(argv=None) -> int:
     ap.add_argument("--link-send", choices=["auto", "eager", "idle", "both"], default="both",
                     help="the calibrated cluster's links.send; both: fit the same measured steps under each "
                          "rule and judge both on the same measurements (default)")
+    ap.add_argument("--workers-rule", dest="workers", action="store_true",
+                    help="also judge links.send 'workers' (TensorFlow's run queue, costmodel/workers.py) on the "
+                         "calibration's lone-transfer links, with the testbed's costs, not fitted to this graph")
     ap.add_argument("--replay", action="store_true", help="also trace and replay one step of every placement")
     ap.add_argument("--replay-steps", type=int, default=3, help="traced steps per placement for --replay (median)")
     ap.add_argument("--json", action="store_true")

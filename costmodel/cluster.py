@@ -23,7 +23,7 @@ A cluster file looks like::
     bandwidth_bytes_per_us = 1.2e4
 
     # queue = "fifo"                     # optional: "fifo" (default) or "none", see below
-    # send = "eager"                     # optional: "eager" (default), "idle" or "aside", see below
+    # send = "eager"                     # optional: "eager" (default), "idle", "aside" or "workers"
 
     [[links.pairs]]                      # optional overrides, one direction each
     src = "gpu:0"
@@ -53,6 +53,13 @@ the chain ends; benchmarks/README.md, "Transfers wait for the sender to fall idl
 ``"aside"``: as soon as its producer ends, and the send task runs beside the link
 transfer, first on its device, instead of before it: CPU the sender spends on a message
 already on its way (traced steps: benchmarks/README.md, "What a device pays per message").
+``"workers"``: as a TensorFlow worker of one compute thread sends it
+(:mod:`placetool.costmodel.workers`): the receiver issues a request when its thread
+reaches the ``_Recv`` (``request_us`` of the receiver), the sender's thread answers it
+behind its own work (``send_us`` + ``send_us_per_byte`` x bytes), and the receiver's
+thread takes the response in next (``recv_us`` + ``recv_us_per_byte`` x bytes); each
+device runs its own ready work last in, first out, and ops readied by an arrival after
+it. ``links.queue`` does not apply: responses travel side by side.
 
 Units: microseconds, bytes, FLOPs.
 """
@@ -98,6 +105,7 @@ class Device:
     send_us_per_byte: float = 0.0
     recv_us: float = 0.0
     recv_us_per_byte: float = 0.0
+    request_us: float = 0.0  # links.send "workers": a receiver's time to issue one request
 
 
 #: the fields a [[devices]] entry may have (a misspelt one is an error, not a default)
@@ -107,7 +115,7 @@ LINK_KEYS = frozenset({"latency_us", "bandwidth_bytes_per_us"})
 #: how transfers on one directed link share it (``links.queue``; see the module docstring)
 LINK_QUEUES = ("fifo", "none")
 #: when a tensor leaves its source device (``links.send``; see the module docstring)
-LINK_SENDS = ("eager", "idle", "aside")
+LINK_SENDS = ("eager", "idle", "aside", "workers")
 #: limits on a cluster file's figures: memory sums stay in int64, op and transfer times finite
 MAX_MEMORY = 1 << 60
 MAX_LATENCY_US = 1e12
@@ -153,6 +161,12 @@ class Cluster:
     def __post_init__(self):
         _link_rule(self.link_queue, LINK_QUEUES, "queue", f"cluster {self.name!r}")
         _link_rule(self.link_send, LINK_SENDS, "send", f"cluster {self.name!r}")
+
+    @property
+    def fifo_links(self) -> bool:
+        """Transfers on one directed link wait for each other (``links.queue`` "fifo"; under
+        ``links.send`` "workers" responses travel side by side whatever the queue says)."""
+        return self.link_queue == "fifo" and self.link_send != "workers"
 
     @property
     def n_devices(self) -> int:
@@ -228,7 +242,8 @@ class Cluster:
                         raise ClusterError(f"{where}: {key} must be at most {MAX_LATENCY_US:g} µs, got {e[key]!r}")
                     if key != "launch_overhead_us" and spec[key] < MIN_BANDWIDTH:
                         raise ClusterError(f"{where}: {key} must be at least {MIN_BANDWIDTH:g} per µs, got {e[key]!r}")
-            costs = {key: _cost(e[key], f"{where}: {key}") for key in TRANSFER_COST_KEYS if key in e}
+            costs = {key: _cost(e[key], f"{where}: {key}") for key in TRANSFER_COST_KEYS + ("request_us",)
+                     if key in e}
             mem = e["memory_bytes"]
             if not isinstance(mem, int) or isinstance(mem, bool) or not 0 < mem <= MAX_MEMORY:
                 raise ClusterError(f"{where}: memory_bytes must be a whole number of bytes from 1 to "
@@ -321,6 +336,7 @@ class Cluster:
                     launch_overhead_us=float(x.launch_overhead_us),
                     cost_source=x.cost_source,
                     **{key: float(getattr(x, key)) for key in TRANSFER_COST_KEYS},
+                    **({"request_us": float(x.request_us)} if x.request_us else {}),
                 )
                 for x in self.devices
             ],

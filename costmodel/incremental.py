@@ -65,6 +65,9 @@ class IncrementalSimulator:
                  threads: int | None = None):
         cm = self.cm = cost_model
         g, cl = cm.graph, cm.cluster
+        if cm.workers:
+            raise ValueError(f"cluster {cl.name!r} has links.send 'workers': the incremental engine runs the "
+                             "simulator's own rules; score with CostModel.simulate_batch")
         self.n, self.D = g.n_ops, cl.n_devices
         self.converge = converge
         self.net = cm.net

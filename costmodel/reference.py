@@ -73,6 +73,8 @@ def simulate(graph, T, placement, cluster) -> RefResult:
     Memory capacities are not checked here; the caller compares ``peak_memory_bytes``.
     Every op must have a finite time on its device.
     """
+    if cluster.link_send == "workers":
+        raise ValueError("links.send 'workers' has its own reference: placetool.costmodel.workers.simulate_workers")
     n = graph.n_ops
     D = T.shape[1]
     latency_us, bandwidth = cluster.latency_us, cluster.bandwidth_bytes_per_us

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import engine
 from .cluster import check_device_count
+from .engine import workers_kernel
 from .placement import Placement, PlacementError
 from .procs import run_shares
 from .profile import op_time_matrix
@@ -131,6 +132,16 @@ class CostModel:
         self.T = np.ascontiguousarray(T)
         self.capacity = cluster.memory_bytes
         self.net = engine.make_net(graph, cluster, self.T)
+        #: links.send "workers": TensorFlow's run queue (engine/workers_kernel.py), not the event engine
+        self.workers = cluster.link_send == "workers"
+        if self.workers:
+            from .workers import device_costs
+
+            c = np.ascontiguousarray
+            self._wk = (graph.n_ops, graph.n_tensors, c(graph.edge_src, np.int64), c(graph.edge_dst, np.int64),
+                        c(graph.edge_tensor, np.int64), c(graph.tensor_bytes, np.int64), c(graph.out_bytes, np.int64))
+            self._wk_links = (c(cluster.latency_us, np.float64), c(cluster.bandwidth_bytes_per_us, np.float64),
+                              device_costs(cluster, cluster.n_devices))
         self._param_bytes = np.ascontiguousarray(graph.param_bytes, np.int64)
         self._local = threading.local()  # one engine workspace per thread
         # group -> device-kind mask, and which devices each group may use
@@ -241,6 +252,8 @@ class CostModel:
         reason = self.violation(p)
         if reason is not None:
             return SimResult(np.inf, False, reason, np.zeros(D), np.zeros(D, np.int64), names)
+        if self.workers:
+            return self._simulate_workers(p, trace)
         w = self.work()
         if trace:
             w.x_task[:] = np.nan  # stages that cost nothing stay NaN
@@ -281,7 +294,12 @@ class CostModel:
         peak = np.zeros((B, D), np.int64)
         # as many threads as have a share worth waking them for
         k = min(B, numba.get_num_threads(), max(1, B * g.n_ops // MIN_OPS_PER_THREAD))
-        if B:
+        if B and self.workers:
+            def share(t):
+                for r in range(t, B, k):
+                    step[r], busy[r], peak[r] = self._run_workers(P[r])[1:4]
+            run_shares(k, share)
+        elif B:
             def share(t):  # rows t, t + k, ... on this thread's workspace
                 engine.simulate_rows(self.net, self.work(), P, self._param_bytes, step, busy, peak, t, k)
 
@@ -290,6 +308,34 @@ class CostModel:
             step[np.any(P != P[:, self._op_group_first], axis=1)] = np.inf  # a split group
         feasible = np.isfinite(step) & np.all(peak <= self.capacity[None, :], axis=1)
         return BatchResult(step, feasible, busy, peak)
+
+    def _run_workers(self, p):
+        """The workers kernel on per-op placement ``p``: (its arrays, step, busy, peak)."""
+        n, E, D = self.graph.n_ops, self.graph.n_edges, self.n_devices
+        op_start, op_end, busy, live = np.empty(n), np.empty(n), np.empty(D), np.empty(D, np.int64)
+        xs = [np.empty(E, np.int64) for _ in range(3)] + [np.empty(E) for _ in range(3)]
+        T = np.ascontiguousarray(self.T[np.arange(n), p])
+        nx = workers_kernel.simulate(*self._wk, T, np.ascontiguousarray(p, np.int64), *self._wk_links,
+                                     op_start, op_end, busy, live, *xs)
+        peak = live + np.bincount(p, weights=self._param_bytes, minlength=D).astype(np.int64)
+        out = (op_start, op_end) + tuple(a[:nx] for a in xs)
+        return out, float(op_end.max(initial=0.0)), busy, peak
+
+    def _simulate_workers(self, p, trace: bool) -> SimResult:
+        (op_start, op_end, x_prod, x_tensor, x_dst, _, x_resp, x_arr), ms, busy, peak = self._run_workers(p)
+        reason = self._memory_reason(peak)
+        tr = None
+        if trace:
+            data = x_tensor >= 0  # a control edge's empty message carries no tensor
+            prev = np.full(len(p), -1, np.int64)
+            for d in range(self.n_devices):
+                on = np.flatnonzero(p == d)
+                order = on[np.lexsort((op_end[on], op_start[on]))]
+                prev[order[1:]] = order[:-1]
+            nx = int(data.sum())
+            tr = Trace(p, op_start, op_end, x_tensor[data], p[x_prod[data]].astype(np.int64), x_dst[data],
+                       x_resp[data], x_arr[data], np.full((nx, 4), np.nan), op_prev=prev)
+        return SimResult(ms, reason is None, reason, busy, peak, self.cluster.names, tr)
 
     def _memory_reason(self, peak) -> str | None:
         over = peak - self.capacity

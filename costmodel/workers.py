@@ -78,16 +78,45 @@ TESTBED_COSTS = WorkerCosts(request_us=25.0, handler_us=50.0, send_us_per_byte=2
                             arrive_us=25.0, recv_us_per_byte=250e-6)
 
 
+def device_costs(costs, n_devices: int) -> np.ndarray:
+    """Per-device costs, rows request, handler, encode per byte, arrival, decode per byte:
+    from one :class:`WorkerCosts` for every device, or from a cluster's devices
+    (``request_us``, ``send_us``, ``send_us_per_byte``, ``recv_us``, ``recv_us_per_byte``)."""
+    if isinstance(costs, WorkerCosts):
+        row = [costs.request_us, costs.handler_us, costs.send_us_per_byte, costs.arrive_us, costs.recv_us_per_byte]
+        return np.ascontiguousarray(np.repeat(np.array(row, np.float64)[:, None], n_devices, axis=1))
+    return np.ascontiguousarray([[d.request_us, d.send_us, d.send_us_per_byte, d.recv_us, d.recv_us_per_byte]
+                                 for d in costs.devices], np.float64).T.copy()
+
+
+def with_worker_costs(cluster, costs: WorkerCosts = TESTBED_COSTS):
+    """``cluster`` under ``links.send`` "workers" with ``costs`` on every device (request,
+    handler as ``send_us``, its encoding per byte, arrival as ``recv_us``, decoding per
+    byte); its links untouched (they should be lone transfers' latency and bandwidth)."""
+    from dataclasses import replace
+
+    devs = [replace(d, request_us=costs.request_us, send_us=costs.handler_us, send_us_per_byte=costs.send_us_per_byte,
+                    recv_us=costs.arrive_us, recv_us_per_byte=costs.recv_us_per_byte) for d in cluster.devices]
+    return replace(cluster, devices=devs, link_send="workers", link_queue="none")
+
+
 @dataclass
 class WorkerTrace:
     op_start: np.ndarray     # µs, per op
     op_end: np.ndarray
     x_producer: np.ndarray   # per transfer: producing op
+    x_tensor: np.ndarray     # its tensor, -1 for a control edge's message
     x_dst: np.ndarray        # destination device
     x_issue: np.ndarray      # the request's issue (end of the receiver's request task)
     x_response: np.ndarray   # the response leaving the sender
     x_arrival: np.ndarray    # the response reaching the receiver
     busy_us: np.ndarray      # per device: ops and message work
+    peak_bytes: np.ndarray   # per device: live outputs and received copies (parameters not counted)
+
+    @property
+    def step_us(self) -> float:
+        """The last op's end: the step as the simulator scores it."""
+        return float(self.op_end.max(initial=0.0))
 
     def span_us(self, mask=None) -> float:
         """First op start to last op end, over ``mask`` (all ops if None)."""
@@ -97,8 +126,9 @@ class WorkerTrace:
 
 def _transfers(graph, p):
     """One transfer per (tensor, destination) of a data edge across devices, and per
-    (producer, destination) of a control edge (TensorFlow sends an empty tensor)."""
-    index, producer, dst, nbytes, consumers, first = {}, [], [], [], [], []
+    (producer, destination) of a control edge (TensorFlow sends an empty tensor), in the
+    order of their first edge; the local consumers of each op, in edge order."""
+    index, producer, tensor, dst, nbytes, consumers, first = {}, [], [], [], [], [], []
     local = [[] for _ in range(graph.n_ops)]
     for s, d, t in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_tensor.tolist()):
         if p[s] == p[d]:
@@ -108,36 +138,61 @@ def _transfers(graph, p):
         x = index.setdefault(key, len(producer))
         if x == len(producer):
             producer.append(s)
+            tensor.append(t)
             dst.append(int(p[d]))
             nbytes.append(int(graph.tensor_bytes[t]) if t >= 0 else 0)
             consumers.append([])
             first.append(d)
         consumers[x].append(d)
         first[x] = min(first[x], d)
-    return local, producer, dst, nbytes, consumers, first
+    return local, producer, tensor, dst, nbytes, consumers, first
 
 
-def simulate_workers(graph, op_us, placement, latency_us, bandwidth, costs: WorkerCosts = WorkerCosts()
-                     ) -> WorkerTrace:
+def simulate_workers(graph, op_us, placement, latency_us, bandwidth, costs=WorkerCosts()) -> WorkerTrace:
     """Run one step of ``placement`` with op times ``op_us`` (µs per op) on workers of one
     compute thread each (module docstring); links from ``latency_us`` and ``bandwidth``
-    (bytes per µs), indexed [source, destination]."""
+    (bytes per µs), indexed [source, destination]; ``costs`` a :class:`WorkerCosts` for
+    every device or a cluster whose devices hold them (:func:`device_costs`).
+
+    Memory as the simulator counts it: an op's outputs from its start until its last
+    local consumer has ended and each of its messages has arrived; a received copy from
+    the moment its response leaves until its last consumer there has ended.
+    """
     p = np.asarray(placement, dtype=np.int64)
     n = graph.n_ops
     D = len(latency_us)
-    local, producer, dst, nbytes, consumers, first = _transfers(graph, p)
+    c_req, c_handler, c_enc, c_arr, c_dec = device_costs(costs, D)
+    local, producer, tensor, dst, nbytes, consumers, first = _transfers(graph, p)
     X = len(producer)
     outgoing = [[] for _ in range(n)]
     for x, s in enumerate(producer):
         outgoing[s].append(x)
     missing = np.zeros(n, dtype=np.int64)
     np.add.at(missing, graph.edge_dst, 1)
+    out_bytes = [int(b) for b in graph.out_bytes]
+    # what keeps an op's outputs live: its local data edges and its data messages
+    holders = [0] * n
+    inputs_of = [[] for _ in range(n)]  # the local producers an op reads, one per data edge
+    for s_, d_, t_ in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_tensor.tolist()):
+        if t_ >= 0 and p[s_] == p[d_]:
+            holders[s_] += 1
+            inputs_of[d_].append(s_)
+    copies_of = [[] for _ in range(n)]  # the received copies an op reads
+    copy_holders = [0] * X
+    for x in range(X):
+        if tensor[x] >= 0:
+            holders[producer[x]] += 1
+            copy_holders[x] = len(consumers[x])
+            for c in consumers[x]:
+                copies_of[c].append(x)
 
     urgent = [deque() for _ in range(D)]  # message work that takes the core next
     front = [[] for _ in range(D)]        # taken from the end: last in, first out
     back = [deque() for _ in range(D)]
     running = [False] * D
     busy = np.zeros(D)
+    live = np.zeros(D, np.int64)
+    peak = np.zeros(D, np.int64)
     op_start, op_end = np.zeros(n), np.zeros(n)
     produced = [False] * X
     handled = [False] * X  # the handler ran before the tensor was there
@@ -145,7 +200,7 @@ def simulate_workers(graph, op_us, placement, latency_us, bandwidth, costs: Work
     events = []
     seq = 0
 
-    def at(t, kind, a, b=None):
+    def at(t, kind, a, b=-1):
         nonlocal seq
         seq += 1
         heapq.heappush(events, (t, seq, kind, a, b))
@@ -154,12 +209,22 @@ def simulate_workers(graph, op_us, placement, latency_us, bandwidth, costs: Work
         if kind == OP:
             return float(op_us[i])
         if kind == REQUEST:
-            return costs.request_us
+            return c_req[dst[i]]
+        s = p[producer[i]]
         if kind == HANDLER:
-            return costs.handler_us + (costs.send_us_per_byte * nbytes[i] if produced[i] else 0.0)
+            return c_handler[s] + (c_enc[s] * nbytes[i] if produced[i] else 0.0)
         if kind == ENCODE:
-            return costs.send_us_per_byte * nbytes[i]
-        return costs.arrive_us + costs.recv_us_per_byte * nbytes[i]
+            return c_enc[s] * nbytes[i]
+        return c_arr[dst[i]] + c_dec[dst[i]] * nbytes[i]
+
+    def alloc(d, b):
+        live[d] += b
+        peak[d] = max(peak[d], live[d])
+
+    def release(op):
+        holders[op] -= 1
+        if holders[op] == 0:
+            live[p[op]] -= out_bytes[op]
 
     def start(d, now):
         if running[d] or not (urgent[d] or front[d] or back[d]):
@@ -168,16 +233,18 @@ def simulate_workers(graph, op_us, placement, latency_us, bandwidth, costs: Work
         dur = duration(kind, i)
         if kind == OP:
             op_start[i], op_end[i] = now, now + dur
+            alloc(d, out_bytes[i])
         elif kind == HANDLER and not produced[i]:
             handled[i] = True
         running[d] = True
         busy[d] += dur
-        at(now + dur, TASK_END, d, (kind, i))
+        at(now + dur, TASK_END, d, kind * (n + X) + i)
 
     def respond(x, now):
         response[x] = now
         s = p[producer[x]]
         arrival[x] = now + latency_us[s, dst[x]] + nbytes[x] / bandwidth[s, dst[x]]
+        alloc(dst[x], nbytes[x])
         at(arrival[x], RESPONSE_IN, x)
 
     def make_ready(ops, d):
@@ -188,27 +255,33 @@ def simulate_workers(graph, op_us, placement, latency_us, bandwidth, costs: Work
 
     # Roots in node order, the first taken last: a _Recv node sits just before its first consumer.
     for d in range(D):
-        roots = [(float(op), (OP, int(op))) for op in np.flatnonzero((p == d) & (missing == 0))]
-        roots += [(first[x] - 0.5, (REQUEST, x)) for x in range(X) if dst[x] == d]
-        front[d] = [task for _, task in sorted(roots)]
+        roots = [(2 * int(op), 0, (OP, int(op))) for op in np.flatnonzero((p == d) & (missing == 0))]
+        roots += [(2 * first[x] - 1, x, (REQUEST, x)) for x in range(X) if dst[x] == d]
+        front[d] = [task for *_, task in sorted(roots)]
     for d in range(D):
         start(d, 0.0)
     while events:
         now, _, kind, a, b = heapq.heappop(events)
         if kind == TASK_END:
-            d, (task, i) = a, b
+            d, (task, i) = a, divmod(b, n + X)
             running[d] = False
             if task == OP:
-                ready = []
                 for c in local[i]:
                     missing[c] -= 1
                     if missing[c] == 0:
-                        ready.append((OP, c))
+                        front[d].append((OP, c))
                 for x in outgoing[i]:
                     produced[x] = True
                     if handled[x]:
                         urgent[d].append((ENCODE, x))  # the inline _Send answers before anything else
-                front[d].extend(ready)
+                if holders[i] == 0:
+                    live[d] -= out_bytes[i]  # nothing holds its outputs
+                for q in inputs_of[i]:
+                    release(q)
+                for x in copies_of[i]:
+                    copy_holders[x] -= 1
+                    if copy_holders[x] == 0:
+                        live[d] -= nbytes[x]
             elif task == REQUEST:
                 issue[i] = now
                 at(now + latency_us[d, p[producer[i]]], REQUEST_IN, i)
@@ -223,10 +296,12 @@ def simulate_workers(graph, op_us, placement, latency_us, bandwidth, costs: Work
             start(s, now)
         else:
             d = dst[a]
-            if costs.arrive_us or costs.recv_us_per_byte:
+            if tensor[a] >= 0:
+                release(producer[a])
+            if c_arr[d] or c_dec[d]:
                 urgent[d].append((RECEIVE, a))
             else:
                 make_ready(consumers[a], d)
             start(d, now)
-    return WorkerTrace(op_start, op_end, np.asarray(producer, np.int64), np.asarray(dst, np.int64),
-                       issue, response, arrival, busy)
+    return WorkerTrace(op_start, op_end, np.asarray(producer, np.int64), np.asarray(tensor, np.int64),
+                       np.asarray(dst, np.int64), issue, response, arrival, busy, peak)

@@ -94,6 +94,8 @@ class _Scorer:
     def __init__(self, tracker, cost_model, cur, mode, checkpoints=None, threads=None, probe: int = 6,
                  period: int = 64, recheck: int = 3):
         self.tracker = tracker
+        if cost_model.workers:  # links.send "workers" has no incremental engine
+            mode = "batch"
         self.mode = mode
         self.inc = None
         if mode != "batch":

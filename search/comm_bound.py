@@ -104,10 +104,13 @@ def make_net(problem) -> Net:
 
 def _delaying_costs(cl) -> np.ndarray:
     """The device-side transfer costs that delay a consumer: with ``links.send`` "aside"
-    the send task runs beside the link transfer, so only the receive task is on the path."""
+    the send task runs beside the link transfer, so only the receive task is on the path;
+    with "workers" a handler that came before the tensor leaves only the encoding on it."""
     costs = np.array(cl.transfer_costs(), np.float64)
     if cl.link_send == "aside":
         costs[:2] = 0.0
+    elif cl.link_send == "workers":
+        costs[0] = 0.0
     return costs
 
 

@@ -59,7 +59,7 @@ def make_ops(problem) -> Ops:
         out_ptr=np.searchsorted(src, np.arange(g.n_ops + 1)).astype(np.int64),
         out_dst=a(dst, np.int64), out_comm=a(comm, np.float64), out_src=a(src, np.int64),
         in_ptr=np.searchsorted(dst[i], np.arange(g.n_ops + 1)).astype(np.int64), in_edge=a(i, np.int64),
-        fifo_links=cl.link_queue == "fifo",
+        fifo_links=cl.fifo_links,
     )
 
 

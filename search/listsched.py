@@ -87,7 +87,7 @@ class _Data:
         self.problem = problem
         # 0: the papers' links (nothing queues); 1 and 2: the simulator's rules, on links
         # that queue (links.queue "fifo") or not ("none")
-        self.queued = 0 if links == "ideal" else 1 if cl.link_queue == "fifo" else 2
+        self.queued = 0 if links == "ideal" else 1 if cl.fifo_links else 2
         n, D = g.n_ops, cl.n_devices
         allowed = problem.allowed
         if gpu_only:  # groups that may use an accelerator use only accelerators

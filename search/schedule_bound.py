@@ -104,7 +104,7 @@ def schedule_bound(problem, seconds: float, seed: int = 0, workers: int | None =
         group=np.asarray(g.group, np.int64), edge_src=np.asarray(g.edge_src, np.int64),
         edge_dst=np.asarray(g.edge_dst, np.int64), tensor_op=np.asarray(g.tensor_op, np.int64),
         tensor_ptr=np.asarray(g.csr.tensor_ptr, np.int64), tensor_cons=np.asarray(g.csr.tensor_cons, np.int64),
-        comm=comm, fifo_links=np.array(cl.link_queue == "fifo"), settings=np.array([max(float(seconds), 0.01), int(workers or min(8, os.cpu_count() or 1)),
+        comm=comm, fifo_links=np.array(cl.fifo_links), settings=np.array([max(float(seconds), 0.01), int(workers or min(8, os.cpu_count() or 1)),
                                       int(seed) & 0x7FFFFFFF, os.getpid()], np.float64))
     buf = io.BytesIO()
     np.savez(buf, **arrays)

@@ -89,7 +89,7 @@ def test_link_send_round_trips_and_is_checked(tmp_path):
     assert "send" not in cluster().to_dict()["links"]
     c.save(tmp_path / "c.toml")
     assert Cluster.load(tmp_path / "c.toml").link_send == "idle"
-    with pytest.raises(Exception, match="links.send must be one of 'eager', 'idle', 'aside', got 'late'"):
+    with pytest.raises(Exception, match="links.send must be one of 'eager', 'idle', 'aside', 'workers', got 'late'"):
         cluster(link_send="late")
 
 

@@ -15,10 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placetool.costmodel import OpGraph
+from placetool.costmodel import CostModel, OpGraph
 from placetool.costmodel import graph as graphs
 from placetool.costmodel import timeline as TL
-from placetool.costmodel.workers import TESTBED_COSTS, WorkerCosts, simulate_workers
+from placetool.costmodel.engine import workers_kernel
+from placetool.costmodel.workers import TESTBED_COSTS, WorkerCosts, device_costs, simulate_workers
 
 from .helpers import cluster
 
@@ -27,10 +28,10 @@ LAT = np.full((2, 2), 30.0)
 INF = np.full((2, 2), np.inf)
 
 
-def _graph(n, edges, out_bytes=None):
+def _graph(n, edges, out_bytes=None, control=()):
     src, dst = zip(*edges) if edges else ((), ())
     return OpGraph.from_arrays("w", [f"o{i}" for i in range(n)], ["X"] * n, out_bytes or [0] * n,
-                               list(src), list(dst))
+                               list(src), list(dst), edge_tensor=[-1 if e in control else 0 for e in edges])
 
 
 def test_the_thread_runs_what_an_op_readied_last_first():
@@ -85,8 +86,10 @@ def test_a_response_costs_the_receiver_before_its_queued_work():
 @st.composite
 def placed_dags(draw):
     n = draw(st.integers(1, 14))
-    edges = sorted({(a, b) for a in range(n) for b in range(a + 1, n) if draw(st.booleans()) and b - a < 4})
-    g = _graph(n, edges, out_bytes=draw(st.lists(st.integers(0, 5000), min_size=n, max_size=n)))
+    edges = [(a, b) for a in range(n) for b in range(a + 1, n) if b - a < 4 and draw(st.booleans())]
+    edges = draw(st.permutations(edges))  # the edge order decides ties: not sorted by source
+    control = {e for e in edges if draw(st.integers(0, 4)) == 0}
+    g = _graph(n, edges, out_bytes=draw(st.lists(st.integers(0, 5000), min_size=n, max_size=n)), control=control)
     times = np.array(draw(st.lists(st.floats(0, 100), min_size=n, max_size=n)))
     p = np.array(draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)))
     return g, times, p
@@ -101,9 +104,9 @@ def test_every_schedule_is_feasible(case, costs):
     D = 3
     t = simulate_workers(g, times, p, np.full((D, D), 30.0), np.full((D, D), 100.0), costs)
     assert np.allclose(t.op_end - t.op_start, times)
-    arrival = {(int(s), int(d)): a for s, d, a in zip(t.x_producer, t.x_dst, t.x_arrival)}
-    for s, d in zip(g.edge_src, g.edge_dst):
-        ready = t.op_end[s] if p[s] == p[d] else arrival[(int(s), int(p[d]))]
+    arrival = {(int(s), int(d), k >= 0): a for s, d, k, a in zip(t.x_producer, t.x_dst, t.x_tensor, t.x_arrival)}
+    for s, d, e in zip(g.edge_src, g.edge_dst, g.edge_tensor):
+        ready = t.op_end[s] if p[s] == p[d] else arrival[(int(s), int(p[d]), e >= 0)]
         assert t.op_start[d] >= ready - 1e-9
     for d in range(D):
         on = np.flatnonzero(p == d)
@@ -113,6 +116,64 @@ def test_every_schedule_is_feasible(case, costs):
     assert np.isfinite(t.x_arrival).all()
     if len(set(p.tolist())) == 1:  # one device: one thread runs everything back to back
         assert t.span_us() == pytest.approx(times.sum())
+
+
+COSTS = [WorkerCosts(), TESTBED_COSTS, WorkerCosts(10, 20, 0.01, 5, 0.02), WorkerCosts(0, 7, 0.0, 3, 0.0)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(placed_dags(), st.sampled_from(COSTS), st.sampled_from([0.0, 30.0]))
+def test_the_compiled_kernel_is_the_reference_bit_for_bit(case, costs, latency):
+    """engine/workers_kernel.py against workers.simulate_workers: every time, busy time,
+    peak and transfer, exactly (times on a grid make ties, which the order must break alike)."""
+    g, times, p = case
+    times = np.round(times / 10.0) * 10.0
+    D = 3
+    lat, bw = np.full((D, D), latency), np.full((D, D), 100.0)
+    ref = simulate_workers(g, times, p, lat, bw, costs)
+    got = workers_kernel.run(g, times, p, lat, bw, device_costs(costs, D))
+    want = (ref.op_start, ref.op_end, ref.busy_us, ref.peak_bytes, ref.x_producer, ref.x_tensor, ref.x_dst,
+            ref.x_issue, ref.x_response, ref.x_arrival)
+    for a, b in zip(got, want):
+        assert np.array_equal(a, b, equal_nan=True), (a, b)
+
+
+def test_the_cost_model_runs_the_workers_rule():
+    """A cluster with links.send "workers" scores with the kernel: the hand-computed case
+    above, through CostModel (devices' send_us is the handler, recv_us the arrival), with
+    memory: o0's 100 bytes live on device 0 until its tensor lands, the copy on device 1
+    until o3 ends, beside o3's own 10."""
+    from dataclasses import replace
+
+    g = _graph(4, [(0, 3), (1, 2)], out_bytes=[100, 0, 0, 10])
+    cl = cluster(2, latency=30.0, bandwidth=1e9, link_queue="none")
+    cl = replace(cl, link_send="workers", devices=[replace(d, recv_us=7.0) for d in cl.devices])
+    T = np.array([[10.0, 10.0], [100.0, 100.0], [20.0, 20.0], [5.0, 5.0]])
+    cm = CostModel(g, cl, op_times=T)
+    r = cm.simulate(np.array([0, 1, 1, 1], np.int32), trace=True)
+    assert r.step_time_us == 132.0 and r.trace.op_start.tolist() == [0.0, 0.0, 107.0, 127.0]
+    assert r.peak_memory_bytes.tolist() == [100, 110] and r.busy_us.tolist() == [10.0, 132.0]
+    assert r.trace.n_transfers == 1 and r.trace.x_end.tolist() == pytest.approx([60.0])
+    b = cm.simulate_batch(np.array([[0, 1, 1, 1], [0, 0, 0, 0]], np.int32))
+    assert b.step_time_us.tolist() == [132.0, 135.0] and b.peak_memory_bytes[0].tolist() == [100, 110]
+    with pytest.raises(ValueError, match="workers"):
+        from placetool.costmodel.incremental import IncrementalSimulator
+        IncrementalSimulator(cm, np.zeros(g.n_groups, np.int32))
+
+
+def test_a_workers_cluster_reads_back():
+    """links.send "workers" and a device's request_us survive a round trip; the links'
+    queue does not apply to it."""
+    from placetool.costmodel import Cluster
+
+    d = cluster(2, link_queue="fifo").to_dict()
+    d["links"]["send"] = "workers"
+    d["devices"][1]["request_us"] = 25.0
+    cl = Cluster.from_dict(d)
+    assert cl.link_send == "workers" and cl.devices[1].request_us == 25.0 and not cl.fifo_links
+    back = Cluster.from_dict(cl.to_dict())
+    assert back.devices[1].request_us == 25.0 and "request_us" not in cl.to_dict()["devices"][0]
+    assert device_costs(cl, 2)[0].tolist() == [0.0, 25.0]
 
 
 def test_the_search_pick_replayed_on_workers():
