@@ -132,12 +132,18 @@ def models_for(t, spec, a, log):
             log(f"  links.queue {q}, links.send {snd}: the same steps fitted: {fit.params}")
             out[f"{q}/{snd}"] = (CostModel(t.graph, with_transfer_params(base, fit.params, fit_in["kinds"]),
                                            profile=profile), profile, fit.summary())
-    if a.workers and fit_in:
+    if a.workers_rule and fit_in:
         from placetool.costmodel.workers import TESTBED_COSTS, with_worker_costs
 
-        # not fitted to this graph's steps: the costs that replay the recorded steps of other runs
-        out["none/workers"] = (CostModel(t.graph, with_worker_costs(fit_in["cluster"]), profile=profile), profile,
-                               {"costs": asdict(TESTBED_COSTS), "fitted": "no: workers.TESTBED_COSTS"})
+        # the costs that replay other runs' recorded steps with their traced op times, not fitted here
+        base = with_worker_costs(fit_in["cluster"])
+        out["none/workers-traced"] = (CostModel(t.graph, base, profile=profile), profile,
+                                      {"costs": asdict(TESTBED_COSTS), "fitted": "no: workers.TESTBED_COSTS"})
+        # and fitted, as the other rules are, to this graph's designed split steps on the profile's op times
+        fit = fit_transfer_costs(fit_in["samples"], base, profile, kinds=fit_in["kinds"])
+        log(f"  links.send workers: the same steps fitted: {fit.params}")
+        out["none/workers"] = (CostModel(t.graph, with_transfer_params(base, fit.params, fit_in["kinds"]),
+                                         profile=profile), profile, fit.summary())
     return out
 
 
@@ -212,7 +218,7 @@ def main(argv=None) -> int:
     ap.add_argument("--link-send", choices=["auto", "eager", "idle", "both"], default="both",
                     help="the calibrated cluster's links.send; both: fit the same measured steps under each "
                          "rule and judge both on the same measurements (default)")
-    ap.add_argument("--workers-rule", dest="workers", action="store_true",
+    ap.add_argument("--workers-rule", action="store_true",
                     help="also judge links.send 'workers' (TensorFlow's run queue, costmodel/workers.py) on the "
                          "calibration's lone-transfer links, with the testbed's costs, not fitted to this graph")
     ap.add_argument("--replay", action="store_true", help="also trace and replay one step of every placement")

@@ -55,6 +55,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-transfer", type=int, default=4 * 2 ** 20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers-rule", action="store_true",
+                    help="calibrate and search under links.send 'workers' (TensorFlow's run queue, "
+                         "costmodel/workers.py), its costs fitted to the designed splits as calibrate fits them")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     a.local = False
@@ -77,7 +80,8 @@ def main(argv=None) -> int:
             t = trace_graph(s, log)
             gpath, prof, ctoml, rec = (os.path.join(work, f"{k}.{x}") for x in ("npz", "json", "toml", "rec.json"))
             t.graph.save(gpath)
-            profile, cl = calibrate_for(t, spec, a, log)
+            rule = {"link_queue": "none", "link_send": "workers"} if a.workers_rule else {}
+            profile, cl = calibrate_for(t, spec, a, log, **rule)
             profile.save(prof)
             cl.save(ctoml)
             log(f"{s}: placetool search -m sa --budget-seconds {a.search_seconds:g} --verify-top 3 ...")
@@ -126,7 +130,8 @@ def main(argv=None) -> int:
         if tb is not None:
             tb.stop()
     out = {"rows": rows, "devices": spec.tf_devices, "seconds": time.perf_counter() - t_start,
-           "settings": {"search_seconds": a.search_seconds, "rounds": a.rounds, "steps": a.steps, "seed": a.seed}}
+           "settings": {"search_seconds": a.search_seconds, "rounds": a.rounds, "steps": a.steps, "seed": a.seed,
+                        "workers_rule": a.workers_rule}}
     if a.json:
         print(json.dumps(out, indent=2))
         return 0

@@ -301,11 +301,12 @@ def testbed_status(state, as_json):
 @click.option("--link-queue", type=click.Choice(["auto", "fifo", "none"]), default="auto", show_default=True,
               help="Do transfers on one link wait for each other (links.queue)? auto: not between TF worker "
                    "processes (gRPC runs them side by side), one at a time on this process's own devices.")
-@click.option("--link-send", type=click.Choice(["auto", "eager", "idle", "aside"]), default="auto",
+@click.option("--link-send", type=click.Choice(["auto", "eager", "idle", "aside", "workers"]), default="auto",
               show_default=True,
               help="When does a tensor leave its device (links.send)? auto: idle between TF worker processes "
                    "(a worker serves transfers only with no op of its own ready), eager on this process's "
-                   "own devices; aside: at once, the send cost paid on the device beside the wire.")
+                   "own devices; aside: at once, the send cost paid on the device beside the wire; workers: "
+                   "as a TF worker's one compute thread serves it (its run queue, docs/simulator.md).")
 @quiet_option
 @json_option
 def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, testbed_device, cluster_spec,

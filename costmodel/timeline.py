@@ -34,7 +34,7 @@ error of the simulator's schedule and communication rules alone.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -468,8 +468,9 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
     simulator under the cluster's own links.queue and links.send; ``"workers"`` (with
     ``cluster``, whose links should be lone transfers' latency + bytes / bandwidth) runs
     :func:`placetool.costmodel.workers.simulate_workers`, TensorFlow's run queue with
-    ``costs`` per message on the compute threads (default
-    :data:`~placetool.costmodel.workers.TESTBED_COSTS`). ``ready_us`` is added
+    ``costs`` per message on the compute threads (default: a ``links.send`` "workers"
+    cluster's own, else :data:`~placetool.costmodel.workers.TESTBED_COSTS`; the
+    result's ``costs`` are the devices' means). ``ready_us`` is added
     to every traced op (the runtime's gap per op, which op durations omit). Control edges
     across devices cost nothing but in ``"traced"``; the trace's zero-byte control
     messages are counted in ``control_transfers``.
@@ -521,7 +522,7 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
 
 
 def _replay_workers(rec: Recording, st: Step, cluster, ready_us: float, costs) -> dict:
-    from .workers import TESTBED_COSTS, simulate_workers
+    from .workers import TESTBED_COSTS, device_costs, simulate_workers
 
     if cluster is None:
         raise TimelineError("links 'workers' puts each message's CPU on the compute threads: give the cluster "
@@ -529,13 +530,16 @@ def _replay_workers(rec: Recording, st: Step, cluster, ready_us: float, costs) -
     if cluster.n_devices != rec.n_devices:
         raise TimelineError(f"cluster {cluster.name!r} has {cluster.n_devices} devices; "
                             f"the timeline has {rec.n_devices}")
-    costs = TESTBED_COSTS if costs is None else costs
+    if costs is None:  # a "workers" cluster carries its own; any other, the testbed's
+        costs = cluster if cluster.link_send == "workers" else TESTBED_COSTS
     t = simulate_workers(rec.graph, np.where(st.traced, st.op_us + ready_us, 0.0), rec.placement,
                          cluster.latency_us, cluster.bandwidth_bytes_per_us, costs)
     ms, meas = t.span_us(st.traced), st.span_us
     return {"replay_us": ms, "measured_us": meas,
             "error_pct": 100.0 * (ms - meas) / meas if meas > 0 else None,
-            "wall_us": st.wall_us, "links": WORKERS, "cluster": cluster.name, "costs": asdict(costs),
+            "wall_us": st.wall_us, "links": WORKERS, "cluster": cluster.name,
+            "costs": dict(zip(("request_us", "handler_us", "send_us_per_byte", "arrive_us", "recv_us_per_byte"),
+                              device_costs(costs, cluster.n_devices).mean(axis=1).tolist())),
             "ready_us": float(ready_us), "transfers": int((~st.x_control).sum()),
             "control_transfers": int(st.x_control.sum()),
             "simulated_transfers": simulated_transfers(rec.graph, rec.placement)}

@@ -82,6 +82,18 @@ def test_a_gain_within_the_noise_floor_is_not_confirmed():
     assert v["confirmed"] and v["recommended"] == 0
 
 
+def test_a_baseline_within_the_noise_of_one_device_does_not_replace_it():
+    """metis measured 4.5% faster than one device with a 5% noise floor: when the search is
+    not confirmed, one device is recommended, not metis; beyond the noise, metis."""
+    rows = [_row("search #1", "search", 80.0, 85.0, spread=2.0), _row("single", "single", 100.0, 86.6, 2.0),
+            _row("metis", "baseline", 95.0, 82.7, 4.0)]
+    v = judge(rows, sentinel_floor_pct=5.0)
+    assert not v["confirmed"] and v["best_baseline"] == 2 and v["recommended"] == 1
+    assert "recommending single (metis measured only 4.5% faster than single, within the noise)" in v["message"]
+    v = judge(rows, sentinel_floor_pct=1.0)
+    assert not v["confirmed"] and v["recommended"] == 2 and v["message"].endswith("recommending metis")
+
+
 def test_a_search_result_equal_to_a_baseline_is_that_baseline():
     v = judge([_row("search #1", "search", 100.0, 99.0), _row("single", "single", 100.0, 99.0, same_as="search #1")])
     assert not v["confirmed"] and v["recommended"] == 1 and "single placement itself" in v["message"]

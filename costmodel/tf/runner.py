@@ -542,12 +542,12 @@ def verify_top(traced, candidates, spec: ClusterSpec | None = None, testbed: int
             out["confirmation"] = c
             if not c["confirmed"]:
                 out["confirmed"] = False
-                out["recommended"] = b
+                out["recommended"] = out["fallback"]
                 out["message"] = (f"NOT confirmed: {rows[s]['label']} measured {out['gain_pct']:.1f}% faster than "
                                   f"{rows[b]['label']} in the run that chose it, but {c['gain_pct']:+.1f}% in a "
                                   f"fresh run of {confirm_rounds} paired rounds (faster in {c['rounds_faster']} of "
                                   f"{c['rounds']}, noise floor {c['noise_floor_pct']:.1f}%); recommending "
-                                  f"{rows[b]['label']}")
+                                  f"{rows[out['fallback']]['label']}")
             else:
                 out["message"] += (f"; confirmed by a fresh run of {confirm_rounds} paired rounds: "
                                    f"{c['gain_pct']:+.1f}% (faster in {c['rounds_faster']} of {c['rounds']})")
@@ -592,7 +592,9 @@ def judge(rows: list[dict], sentinel_floor_pct: float = 0.0) -> dict:
     The recommendation is the measured best, except when that is a search placement
     whose lead over the best baseline is within the noise floor (the larger spread of
     the two): then the baseline is recommended, since hardware does not confirm the
-    simulated gain. ``confirmed`` says whether a search placement is measurably faster
+    simulated gain. A baseline other than one device replaces one device only by a
+    lead beyond the noise floor too (``fallback``): one noisy run does not recommend
+    a split that is no faster. ``confirmed`` says whether a search placement is measurably faster
     than every baseline. ``sentinel_floor_pct``: the sentinel's noise floor of the same
     run, which the floor is never below. Returns {rows, recommended (index), confirmed,
     gain_pct (measured gain of the best search placement over the best baseline, % of
@@ -616,22 +618,31 @@ def judge(rows: list[dict], sentinel_floor_pct: float = 0.0) -> dict:
     floor = max(rows[s]["spread_pct"], rows[b]["spread_pct"], sentinel_floor_pct)
     out["gain_pct"] = float(gain)
     out["best_baseline"] = b
+    fallback = b
+    one = next((i for i, r in enumerate(rows) if r["source"] == "single"), None)
+    if one is not None and b != one:
+        lead = 100.0 * (meas[one] - meas[b]) / meas[one]
+        if lead <= max(rows[one]["spread_pct"], rows[b]["spread_pct"], sentinel_floor_pct):
+            fallback = one
+    out["fallback"] = fallback
+    why = "" if fallback == b else (f" ({rows[b]['label']} measured only {100.0 * (meas[one] - meas[b]) / meas[one]:.1f}% "
+                                    f"faster than {rows[one]['label']}, within the noise)")
     best_pred = int(np.flatnonzero(is_search)[np.argmin([rows[i]["predicted_us"] for i in np.flatnonzero(is_search)])])
     sim_gain = 100.0 * (rows[b]["predicted_us"] - rows[best_pred]["predicted_us"]) / rows[b]["predicted_us"]
     same = rows[s].get("same_as") == rows[b]["label"] or rows[b].get("same_as") == rows[s]["label"]
     if same:
-        out["recommended"] = b
+        out["recommended"] = fallback
         out["message"] = (f"the search's best measured placement is the {rows[b]['label']} placement itself; "
-                          f"recommending {rows[b]['label']}")
+                          f"recommending {rows[fallback]['label']}{why}")
     elif gain > floor:
         out["confirmed"] = True
         out["recommended"] = s
         out["message"] = (f"confirmed on hardware: {rows[s]['label']} measured {gain:.1f}% faster than "
                           f"{rows[b]['label']} (noise floor {floor:.1f}%)")
     else:
-        out["recommended"] = b
+        out["recommended"] = fallback
         what = "slower than" if gain < -floor else "no faster than"
         out["message"] = (f"NOT confirmed on hardware: predicted {sim_gain:.1f}% faster than "
                           f"{rows[b]['label']}, the search's best placement measured {what} it "
-                          f"(gain {gain:+.1f}%, noise floor {floor:.1f}%); recommending {rows[b]['label']}")
+                          f"(gain {gain:+.1f}%, noise floor {floor:.1f}%); recommending {rows[fallback]['label']}{why}")
     return out
