@@ -27,9 +27,11 @@ A tensor needed on another device travels as TensorFlow sends it:
    after what it is running (the gRPC threads share the worker's core), and the
    consumers it makes ready go to the back.
 
-This is a replay model (:func:`placetool.costmodel.timeline.replay`, ``links="workers"``):
-plain Python, written to be read against TensorFlow's executor, not to be searched with.
-It answers which of a measured step's waits its rules explain.
+This is the reference for the cluster rule ``links.send = "workers"``: plain Python,
+written to be read against TensorFlow's executor. :mod:`placetool.costmodel.engine.workers_kernel`
+is its compiled twin, equal to it bit for bit, which :class:`~placetool.costmodel.CostModel`
+runs for search; replays of measured steps run this one
+(:func:`placetool.costmodel.timeline.replay`, ``links="workers"``).
 
 Example: ops ``a`` (50 µs) and ``b`` (30 µs) on device 0 each feed ``c`` (20 µs) on
 device 1; a request costs the receiver 10 µs, a handler the sender 5 µs, and a link
