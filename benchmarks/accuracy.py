@@ -123,15 +123,18 @@ def models_for(t, spec, a, log):
     profile, cl = calibrate_for(t, spec, a, log, queues[0], fit_in, sends[0])
     out = {f"{cl.link_queue}/{cl.link_send}": (CostModel(t.graph, cl, profile=profile), profile,
                                                profile.meta.get("transfer_fit", {}))}
+
+    def fitted(base):
+        """``base``'s rules with transfer costs fitted to the calibration's measured steps."""
+        fit = fit_transfer_costs(fit_in["samples"], base, profile, kinds=fit_in["kinds"])
+        log(f"  links.queue {base.link_queue}, links.send {base.link_send}: the same steps fitted: {fit.params}")
+        return (CostModel(t.graph, with_transfer_params(base, fit.params, fit_in["kinds"]), profile=profile),
+                profile, fit.summary())
+
     for q in queues:
         for snd in sends:
-            if f"{q}/{snd}" in out or not fit_in:
-                continue
-            base = replace(fit_in["cluster"], link_queue=q, link_send=snd)
-            fit = fit_transfer_costs(fit_in["samples"], base, profile, kinds=fit_in["kinds"])
-            log(f"  links.queue {q}, links.send {snd}: the same steps fitted: {fit.params}")
-            out[f"{q}/{snd}"] = (CostModel(t.graph, with_transfer_params(base, fit.params, fit_in["kinds"]),
-                                           profile=profile), profile, fit.summary())
+            if f"{q}/{snd}" not in out and fit_in:
+                out[f"{q}/{snd}"] = fitted(replace(fit_in["cluster"], link_queue=q, link_send=snd))
     if a.workers_rule and fit_in:
         from placetool.costmodel.workers import TESTBED_COSTS, with_worker_costs
 
@@ -140,10 +143,7 @@ def models_for(t, spec, a, log):
         out["none/workers-traced"] = (CostModel(t.graph, base, profile=profile), profile,
                                       {"costs": asdict(TESTBED_COSTS), "fitted": "no: workers.TESTBED_COSTS"})
         # and fitted, as the other rules are, to this graph's designed split steps on the profile's op times
-        fit = fit_transfer_costs(fit_in["samples"], base, profile, kinds=fit_in["kinds"])
-        log(f"  links.send workers: the same steps fitted: {fit.params}")
-        out["none/workers"] = (CostModel(t.graph, with_transfer_params(base, fit.params, fit_in["kinds"]),
-                                         profile=profile), profile, fit.summary())
+        out["none/workers"] = fitted(base)
     return out
 
 

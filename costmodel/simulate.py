@@ -137,10 +137,8 @@ class CostModel:
         if self.workers:
             from .workers import device_costs
 
-            c = np.ascontiguousarray
-            self._wk = (graph.n_ops, graph.n_tensors, c(graph.edge_src, np.int64), c(graph.edge_dst, np.int64),
-                        c(graph.edge_tensor, np.int64), c(graph.tensor_bytes, np.int64), c(graph.out_bytes, np.int64))
-            self._wk_links = (c(cluster.latency_us, np.float64), c(cluster.bandwidth_bytes_per_us, np.float64),
+            self._wk = workers_kernel.graph_arrays(graph)
+            self._wk_links = (cluster.latency_us, cluster.bandwidth_bytes_per_us,
                               device_costs(cluster, cluster.n_devices))
         self._param_bytes = np.ascontiguousarray(graph.param_bytes, np.int64)
         self._local = threading.local()  # one engine workspace per thread
@@ -311,15 +309,10 @@ class CostModel:
 
     def _run_workers(self, p):
         """The workers kernel on per-op placement ``p``: (its arrays, step, busy, peak)."""
-        n, E, D = self.graph.n_ops, self.graph.n_edges, self.n_devices
-        op_start, op_end, busy, live = np.empty(n), np.empty(n), np.empty(D), np.empty(D, np.int64)
-        xs = [np.empty(E, np.int64) for _ in range(3)] + [np.empty(E) for _ in range(3)]
-        T = np.ascontiguousarray(self.T[np.arange(n), p])
-        nx = workers_kernel.simulate(*self._wk, T, np.ascontiguousarray(p, np.int64), *self._wk_links,
-                                     op_start, op_end, busy, live, *xs)
-        peak = live + np.bincount(p, weights=self._param_bytes, minlength=D).astype(np.int64)
-        out = (op_start, op_end) + tuple(a[:nx] for a in xs)
-        return out, float(op_end.max(initial=0.0)), busy, peak
+        op_start, op_end, busy, live, *xs = workers_kernel.run_arrays(
+            self._wk, self.T[np.arange(self.graph.n_ops), p], p, *self._wk_links)
+        peak = live + np.bincount(p, weights=self._param_bytes, minlength=self.n_devices).astype(np.int64)
+        return (op_start, op_end, *xs), float(op_end.max(initial=0.0)), busy, peak
 
     def _simulate_workers(self, p, trace: bool) -> SimResult:
         (op_start, op_end, x_prod, x_tensor, x_dst, _, x_resp, x_arr), ms, busy, peak = self._run_workers(p)

@@ -486,63 +486,56 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
         raise TimelineError(f"links {links!r}: expected one of {', '.join(map(repr, REPLAYS + (WORKERS,)))}")
     st = rec.steps[step] if isinstance(step, int) else step
     g = rec.graph
-    if links == WORKERS:
-        return _replay_workers(rec, st, cluster, ready_us, costs)
+    if links == WORKERS and cluster is None:
+        raise TimelineError("links 'workers' puts each message's CPU on the compute threads: give the cluster "
+                            "whose links are the lone transfers (e.g. the calibrated one)")
     cl = traced_cluster(rec, [st]) if cluster is None else cluster
     if cl.n_devices != rec.n_devices:
         raise TimelineError(f"cluster {cl.name!r} has {cl.n_devices} devices; the timeline has {rec.n_devices}")
-    if links not in ("traced", None):  # the rule under test is the simulator's
+    if links not in ("traced", None, WORKERS):  # the rule under test is the simulator's
         from dataclasses import replace
 
         cl = replace(cl, link_queue="fifo" if links == "fifo" else "none",
                      link_send="idle" if links == "idle" else "eager")
     dur = np.where(st.traced, st.op_us + ready_us, 0.0)
-    T = np.repeat(dur[:, None], cl.n_devices, axis=1)
-    cm = CostModel(g, cl, op_times=T)
     p = np.ascontiguousarray(rec.placement, np.int32)
-    reason = cm.violation(p)
-    if reason:
-        raise TimelineError(f"cannot replay: {reason}")
-    if links != "traced":
-        ms = float(cm.simulate(p).step_time_us)
+    extra = {}
+    if links == WORKERS:
+        ms, extra["costs"] = _workers_span(st, g, dur, p, cl, costs)
     else:
-        wire = {}
-        w = st.delivery_us
-        for x in range(st.n_transfers):
-            if st.x_producer[x] >= 0 and np.isfinite(w[x]):
-                key = (int(st.x_producer[x]), int(st.x_dst[x]), bool(st.x_control[x]))
-                wire[key] = max(wire.get(key, 0.0), max(float(w[x]), 0.0))
-        ms = float(list_schedule(g, dur, p, cl.latency_us, cl.bandwidth_bytes_per_us, wire)[1].max(initial=0.0))
+        cm = CostModel(g, cl, op_times=np.repeat(dur[:, None], cl.n_devices, axis=1))
+        reason = cm.violation(p)
+        if reason:
+            raise TimelineError(f"cannot replay: {reason}")
+        if links != "traced":
+            ms = float(cm.simulate(p).step_time_us)
+        else:
+            wire = {}
+            w = st.delivery_us
+            for x in range(st.n_transfers):
+                if st.x_producer[x] >= 0 and np.isfinite(w[x]):
+                    key = (int(st.x_producer[x]), int(st.x_dst[x]), bool(st.x_control[x]))
+                    wire[key] = max(wire.get(key, 0.0), max(float(w[x]), 0.0))
+            ms = float(list_schedule(g, dur, p, cl.latency_us, cl.bandwidth_bytes_per_us, wire)[1].max(initial=0.0))
     meas = st.span_us
     return {"replay_us": ms, "measured_us": meas,
             "error_pct": 100.0 * (ms - meas) / meas if meas > 0 else None,
             "wall_us": st.wall_us, "links": links, "cluster": cl.name,
             "ready_us": float(ready_us), "transfers": int((~st.x_control).sum()),
-            "control_transfers": int(st.x_control.sum()), "simulated_transfers": simulated_transfers(g, p)}
+            "control_transfers": int(st.x_control.sum()), "simulated_transfers": simulated_transfers(g, p), **extra}
 
 
-def _replay_workers(rec: Recording, st: Step, cluster, ready_us: float, costs) -> dict:
+def _workers_span(st: Step, graph, dur, p, cluster, costs) -> tuple[float, dict]:
+    """The traced span of ``st`` replayed on workers of one compute thread (op times
+    ``dur``), and the costs it used (the devices' means)."""
     from .workers import TESTBED_COSTS, device_costs, simulate_workers
 
-    if cluster is None:
-        raise TimelineError("links 'workers' puts each message's CPU on the compute threads: give the cluster "
-                            "whose links are the lone transfers (e.g. the calibrated one)")
-    if cluster.n_devices != rec.n_devices:
-        raise TimelineError(f"cluster {cluster.name!r} has {cluster.n_devices} devices; "
-                            f"the timeline has {rec.n_devices}")
     if costs is None:  # a "workers" cluster carries its own; any other, the testbed's
         costs = cluster if cluster.link_send == "workers" else TESTBED_COSTS
-    t = simulate_workers(rec.graph, np.where(st.traced, st.op_us + ready_us, 0.0), rec.placement,
-                         cluster.latency_us, cluster.bandwidth_bytes_per_us, costs)
-    ms, meas = t.span_us(st.traced), st.span_us
-    return {"replay_us": ms, "measured_us": meas,
-            "error_pct": 100.0 * (ms - meas) / meas if meas > 0 else None,
-            "wall_us": st.wall_us, "links": WORKERS, "cluster": cluster.name,
-            "costs": dict(zip(("request_us", "handler_us", "send_us_per_byte", "arrive_us", "recv_us_per_byte"),
-                              device_costs(costs, cluster.n_devices).mean(axis=1).tolist())),
-            "ready_us": float(ready_us), "transfers": int((~st.x_control).sum()),
-            "control_transfers": int(st.x_control.sum()),
-            "simulated_transfers": simulated_transfers(rec.graph, rec.placement)}
+    t = simulate_workers(graph, dur, p, cluster.latency_us, cluster.bandwidth_bytes_per_us, costs)
+    used = device_costs(costs, cluster.n_devices).mean(axis=1).tolist()
+    return t.span_us(st.traced), dict(zip(("request_us", "handler_us", "send_us_per_byte", "arrive_us",
+                                           "recv_us_per_byte"), used))
 
 
 def simulated_transfers(graph, placement) -> int:

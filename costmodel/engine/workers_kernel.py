@@ -366,17 +366,27 @@ def _start(d, now, n, X, p, op_us, out_bytes, nbytes, x_prod, x_dst, costs, nxt,
     return size, seq
 
 
-def run(graph, op_us, placement, latency_us, bandwidth, costs) -> tuple:
-    """:func:`simulate` on a graph's arrays: (op_start, op_end, busy, peak, x_prod,
-    x_tensor, x_dst, x_issue, x_resp, x_arr), the transfer arrays cut to their count."""
-    n, E, D = graph.n_ops, graph.n_edges, len(latency_us)
+def graph_arrays(graph) -> tuple:
+    """The graph's part of :func:`simulate`'s arguments, contiguous and typed."""
+    c = np.ascontiguousarray
+    return (graph.n_ops, graph.n_tensors, c(graph.edge_src, np.int64), c(graph.edge_dst, np.int64),
+            c(graph.edge_tensor, np.int64), c(graph.tensor_bytes, np.int64), c(graph.out_bytes, np.int64))
+
+
+def run_arrays(arrays, op_us, placement, latency_us, bandwidth, costs) -> tuple:
+    """:func:`simulate` on :func:`graph_arrays`' ``arrays``: (op_start, op_end, busy,
+    peak, x_prod, x_tensor, x_dst, x_issue, x_resp, x_arr), the transfer arrays cut to
+    their count."""
+    n, E, D = arrays[0], len(arrays[2]), len(latency_us)
     op_start, op_end = np.empty(n), np.empty(n)
     busy, peak = np.empty(D), np.empty(D, np.int64)
     xs = [np.empty(E, np.int64) for _ in range(3)] + [np.empty(E) for _ in range(3)]
-    X = simulate(n, graph.n_tensors, np.ascontiguousarray(graph.edge_src, np.int64),
-                 np.ascontiguousarray(graph.edge_dst, np.int64), np.ascontiguousarray(graph.edge_tensor, np.int64),
-                 np.ascontiguousarray(graph.tensor_bytes, np.int64), np.ascontiguousarray(graph.out_bytes, np.int64),
-                 np.ascontiguousarray(op_us, np.float64), np.ascontiguousarray(placement, np.int64),
+    X = simulate(*arrays, np.ascontiguousarray(op_us, np.float64), np.ascontiguousarray(placement, np.int64),
                  np.ascontiguousarray(latency_us, np.float64), np.ascontiguousarray(bandwidth, np.float64),
                  np.ascontiguousarray(costs, np.float64), op_start, op_end, busy, peak, *xs)
     return (op_start, op_end, busy, peak) + tuple(a[:X] for a in xs)
+
+
+def run(graph, op_us, placement, latency_us, bandwidth, costs) -> tuple:
+    """:func:`run_arrays` on a graph."""
+    return run_arrays(graph_arrays(graph), op_us, placement, latency_us, bandwidth, costs)

@@ -618,15 +618,14 @@ def judge(rows: list[dict], sentinel_floor_pct: float = 0.0) -> dict:
     floor = max(rows[s]["spread_pct"], rows[b]["spread_pct"], sentinel_floor_pct)
     out["gain_pct"] = float(gain)
     out["best_baseline"] = b
-    fallback = b
+    fallback, why = b, ""
     one = next((i for i, r in enumerate(rows) if r["source"] == "single"), None)
     if one is not None and b != one:
         lead = 100.0 * (meas[one] - meas[b]) / meas[one]
         if lead <= max(rows[one]["spread_pct"], rows[b]["spread_pct"], sentinel_floor_pct):
             fallback = one
+            why = f" ({rows[b]['label']} measured only {lead:.1f}% faster than {rows[one]['label']}, within the noise)"
     out["fallback"] = fallback
-    why = "" if fallback == b else (f" ({rows[b]['label']} measured only {100.0 * (meas[one] - meas[b]) / meas[one]:.1f}% "
-                                    f"faster than {rows[one]['label']}, within the noise)")
     best_pred = int(np.flatnonzero(is_search)[np.argmin([rows[i]["predicted_us"] for i in np.flatnonzero(is_search)])])
     sim_gain = 100.0 * (rows[b]["predicted_us"] - rows[best_pred]["predicted_us"]) / rows[b]["predicted_us"]
     same = rows[s].get("same_as") == rows[b]["label"] or rows[b].get("same_as") == rows[s]["label"]
