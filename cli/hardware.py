@@ -352,6 +352,7 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
         "link_queue": cluster.link_queue,
         "link_send": cluster.link_send,
         "transfer_fit": profile.meta.get("transfer_fit"),
+        "worker_fit": profile.meta.get("worker_fit"),
         "noisy": noisy,
     }
     if as_json:
@@ -373,6 +374,16 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
         click.echo(f"  step error: fit median {_pct(f['median_abs_error_pct'])} (max {_pct(f['max_abs_error_pct'])}, "
                    f"{f['n']} placements), held out median {_pct(h['median_abs_error_pct'])} "
                    f"(max {_pct(h['max_abs_error_pct'])}, {h['n']}); noise floor ±{tf_['noise_floor_pct']:.1f}%")
+    wf = summary["worker_fit"]
+    if wf:
+        c = wf["costs"]
+        click.echo(f"  per message on the compute threads (links.send workers): request {c['request_us']:,.1f} µs, "
+                   f"handler {c['handler_us']:,.1f} µs, arrival {c['arrive_us']:,.1f} µs, "
+                   f"{c['send_us_per_byte'] * 1e6:,.0f} µs/MB on each end")
+        click.echo(f"  traced split steps replayed: median |error| {wf['median_abs_error_pct']:.1f}% (max "
+                   f"{wf['max_abs_error_pct']:.1f}%, {wf['n_steps']} steps); designs predicted: median "
+                   f"{wf['predicted']['median_abs_error_pct']:.1f}% (max {wf['predicted']['max_abs_error_pct']:.1f}%); "
+                   f"noise floor ±{wf['noise_floor_pct']:.1f}%")
     if noisy and quiet:  # otherwise the log said so already
         click.echo(f"WARNING: {noisy}", err=True)
 

@@ -517,3 +517,37 @@ def test_testbed_up_status_down_cli(tmp_path):
         for p in pids:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_calibrate_identifies_worker_costs_from_its_own_traced_steps(mlp, testbed):
+    """``links.send`` "workers": the per-message costs come from traced split steps of the
+    session itself, replayed; the links stay the lone transfers' and every device carries
+    the identified costs."""
+    from placetool.costmodel.tf.calibrate import calibrate, designed_splits
+
+    logs = []
+    prof, cl = calibrate([mlp], testbed.spec, sizes=(1024, 16384, 65536), trace_steps=1, reps=3, log=logs.append,
+                         split_steps=1, rounds=2, link_send="workers")
+    wf = prof.meta["worker_fit"]
+    splits = [lb for lb, _, _ in designed_splits(mlp.graph, testbed.spec) if not lb.startswith("single:")]
+    assert cl.link_send == "workers" and cl.link_queue == "none" and "transfer_fit" not in prof.meta
+    assert wf["n_steps"] == len(splits) and wf["evaluations"] >= 108  # one traced step each; the grid at least
+    c, r, m = wf["costs"], wf["replay_costs"], wf["message_inflation"]
+    assert all(v >= 0 for v in [*c.values(), *m.values()]) and r["send_us_per_byte"] == r["recv_us_per_byte"]
+    # the replay's costs plus what the traced ops hold per message against the profile
+    assert c["handler_us"] == pytest.approx(r["handler_us"] + m["send_us"])
+    assert c["recv_us_per_byte"] == pytest.approx(r["recv_us_per_byte"] + m["recv_us_per_byte"])
+    assert c["request_us"] == r["request_us"]
+    for d in cl.devices:
+        assert (d.request_us, d.send_us, d.send_us_per_byte, d.recv_us, d.recv_us_per_byte) == (
+            c["request_us"], c["handler_us"], c["send_us_per_byte"], c["arrive_us"], c["recv_us_per_byte"])
+    assert [cl.latency_us[0, 1], cl.latency_us[1, 0]] == [l["latency_us"] for l in prof.links]
+    assert 0 <= wf["median_abs_error_pct"] <= wf["max_abs_error_pct"] and wf["op_inflation"] > 0
+    rows = wf["steps"]
+    assert len(rows) == wf["predicted"]["n"] == len(designed_splits(mlp.graph, testbed.spec))
+    err = [abs(100 * (r["predicted_us"] - r["measured_us"]) / r["measured_us"]) for r in rows]
+    assert wf["predicted"]["max_abs_error_pct"] == pytest.approx(max(err))
+    assert any("worker costs (from" in m for m in logs)
+    assert prof.cluster().link_send == "workers"  # the profile carries the cluster it was made with

@@ -28,6 +28,7 @@ import os
 import platform
 import statistics
 import time
+from dataclasses import asdict
 
 import numpy as np
 
@@ -295,6 +296,9 @@ def _fit_transfers(traced_list, spec: ClusterSpec, profile: Profile, cluster: Cl
         for (label, p, held), m in zip(designs, reps):
             samples.append(StepSample(t.graph, p, m.step_us, m.spread_pct, label, held))
     _anchor_op_times(traced_list, samples, profile, cluster, kinds, log)
+    if cluster.link_send == "workers":
+        return _worker_costs(traced_list, spec, profile, cluster, samples, split_steps, timeout_s,
+                             max_noise_pct, fit_inputs, kinds, log)
     log(f"fitting transfer costs to {sum(not s.held_out for s in samples)} steps "
         f"({sum(s.held_out for s in samples)} held out) ...")
     if fit_inputs is not None:
@@ -316,13 +320,108 @@ def _fit_transfers(traced_list, spec: ClusterSpec, profile: Profile, cluster: Cl
         f"{_pct(summ['held_out']['median_abs_error_pct'])} (max {_pct(summ['held_out']['max_abs_error_pct'])}) "
         f"on {summ['held_out']['n']}; noise floor ±{fit.noise_floor_pct:.1f}%")
     log(f"  per-transfer step cost: {fit.per_transfer_note}")
-    if fit.noise_floor_pct > max_noise_pct:
+    _warn_noisy(profile, fit.noise_floor_pct, len(samples), max_noise_pct, log)
+    return cluster
+
+
+def _warn_noisy(profile, floor_pct, n, max_noise_pct, log) -> None:
+    if floor_pct > max_noise_pct:
         msg = (f"the machine is too noisy to calibrate: repeated runs of one placement spread by "
-               f"±{fit.noise_floor_pct:.1f}% (median over {len(samples)} placements), more than "
+               f"±{floor_pct:.1f}% (median over {n} placements), more than "
                f"--max-noise {max_noise_pct:g}%; close other jobs and run again")
         profile.meta["noisy"] = msg
         log("WARNING: " + msg)
+
+
+def _worker_costs(traced_list, spec, profile, cluster, samples, split_steps, timeout_s, max_noise_pct,
+                  fit_inputs, kinds, log) -> Cluster:
+    """``links.send`` "workers": the per-message costs identified from traced steps of the
+    designed splits, this session's (:func:`identify_worker_costs`), on the lone transfers'
+    links; ``profile.meta["worker_fit"]`` records the fit, and how far the costs predict the
+    measured (untraced) designs from the profile's op times."""
+    from placetool.costmodel import CostModel
+    from placetool.costmodel.workers import with_worker_costs
+
+    if fit_inputs is not None:
+        fit_inputs.update(samples=samples, cluster=cluster, kinds=kinds)
+    found = identify_worker_costs(traced_list, spec, cluster, profile, steps=split_steps, timeout_s=timeout_s, log=log)
+    fit, inflation = found["fit"], found["op_inflation"]
+    cluster = with_worker_costs(cluster, found["costs"])
+    summ = {**fit.summary(), "replay_costs": asdict(fit.costs), "costs": asdict(found["costs"]),
+            "message_inflation": found["inflation"]}
+    pred = {}
+    for s in samples:
+        cm = pred.get(s.graph.name) or CostModel(s.graph, cluster, profile=profile)
+        pred[s.graph.name] = cm
+        s_us = float(cm.simulate(s.placement).step_time_us) + profile.step_overhead(len(np.unique(s.placement)))
+        summ.setdefault("steps", []).append({"graph": s.graph.name, "label": s.label, "measured_us": s.measured_us,
+                                             "predicted_us": s_us})
+    err = np.array([100.0 * (r["predicted_us"] - r["measured_us"]) / r["measured_us"] for r in summ["steps"]])
+    floor = float(np.median([s.spread_pct for s in samples]))
+    summ.update(op_inflation=inflation, noise_floor_pct=floor,
+                predicted={"median_abs_error_pct": float(np.median(np.abs(err))),
+                           "max_abs_error_pct": float(np.abs(err).max()), "n": int(len(err))})
+    profile.meta["worker_fit"] = summ
+    c, r, m = found["costs"], fit.costs, found["inflation"]
+    log(f"worker costs (from {summ['n_steps']} traced split steps of this session): request {c.request_us:,.1f} "
+        f"µs, handler {c.handler_us:,.1f} µs + {c.send_us_per_byte * 1e6:,.0f} µs/MB, arrival {c.arrive_us:,.1f} "
+        f"µs + {c.recv_us_per_byte * 1e6:,.0f} µs/MB")
+    log(f"  of which inside the traced ops (their time over the profile's, per message): send {m['send_us']:,.1f} "
+        f"µs + {m['send_us_per_byte'] * 1e6:,.0f} µs/MB, receive {m['recv_us']:,.1f} µs + "
+        f"{m['recv_us_per_byte'] * 1e6:,.0f} µs/MB; outside them (the replay's): handler {r.handler_us:,.1f}, "
+        f"arrival {r.arrive_us:,.1f}, {r.send_us_per_byte * 1e6:,.0f} µs/MB on each end")
+    log(f"  replayed with their traced op times: median |error| {summ['median_abs_error_pct']:.1f}% (max "
+        f"{summ['max_abs_error_pct']:.1f}%); traced ops ran {inflation:.2f}x their profiled times; predicted "
+        f"from the profile, the measured designs: median |error| {summ['predicted']['median_abs_error_pct']:.1f}% "
+        f"(max {summ['predicted']['max_abs_error_pct']:.1f}%); noise floor ±{floor:.1f}%")
+    _warn_noisy(profile, floor, len(samples), max_noise_pct, log)
     return cluster
+
+
+def identify_worker_costs(traced_list, spec: ClusterSpec, cluster: Cluster, profile: Profile | None = None,
+                          steps: int = 2, timeout_s: float = 300.0, log=print) -> dict:
+    """Trace ``steps`` steps of each graph's designed split placements on ``spec`` and
+    identify the run queue's per-message costs from them, on ``cluster``'s links (which
+    should be the lone transfers'). Returns a dict:
+
+    - ``fit``: :func:`placetool.costmodel.workers_fit.fit_worker_costs`'s
+      :class:`~placetool.costmodel.workers_fit.WorkerFit`, the costs that replay the traced
+      steps on their own op times;
+    - with ``profile``: ``inflation``, the CPU per message that those op times hold
+      against the profile's (:func:`~placetool.costmodel.workers_fit.message_inflation`);
+      ``costs``, both together, what a prediction on the profile's op times takes; and
+      ``op_inflation``, the traced ops' time over the profile's (time-weighted);
+    - without: ``costs`` the replay's, ``inflation`` None, ``op_inflation`` NaN.
+    """
+    from placetool.costmodel import CostModel, timeline
+    from placetool.costmodel.workers_fit import (fit_worker_costs, message_inflation, op_inflation, steps_of,
+                                                 with_inflation)
+
+    from .trace_capture import capture
+
+    rsteps, profiled, weighted = [], [], []
+    for t in traced_list:
+        g = t.graph
+        designs = [(label, p) for label, p, _ in designed_splits(g, spec) if not label.startswith("single:")]
+        log(f"tracing {steps} steps of each of {len(designs)} split placements of {g.name} ...")
+        mine = []
+        for label, p in designs:
+            rec = timeline.load(capture(t, p, spec, steps=steps, warmup=2, single_device=None, timeout_s=timeout_s), g)
+            mine += steps_of(rec, label=f"{g.name} {label}")
+        rsteps += mine
+        if profile is not None:
+            cm = CostModel(g, cluster, profile=profile)
+            dispatch = np.array([profile.dispatch_us.get(d.kind, 0.0) for d in cluster.devices])
+            base = np.maximum(cm.T - dispatch[None, :], 0.0)
+            profiled += [base[np.arange(g.n_ops), s.placement] for s in mine]
+            weighted.append((op_inflation(mine, cm.T, dispatch), len(mine)))
+    log(f"identifying the per-message costs from {len(rsteps)} traced steps ...")
+    fit = fit_worker_costs(rsteps, cluster.latency_us, cluster.bandwidth_bytes_per_us)
+    if profile is None:
+        return {"fit": fit, "costs": fit.costs, "inflation": None, "op_inflation": float("nan")}
+    infl = message_inflation(rsteps, profiled, cluster.n_devices)
+    return {"fit": fit, "costs": with_inflation(fit.costs, infl), "inflation": infl,
+            "op_inflation": float(np.average([x for x, _ in weighted], weights=[n for _, n in weighted]))}
 
 
 #: op times are rescaled only when the single-device steps measured among the designs
