@@ -136,14 +136,21 @@ def models_for(t, spec, a, log):
             if f"{q}/{snd}" not in out and fit_in:
                 out[f"{q}/{snd}"] = fitted(replace(fit_in["cluster"], link_queue=q, link_send=snd))
     if a.workers_rule and fit_in:
-        from placetool.costmodel.workers import TESTBED_COSTS, with_worker_costs
+        from placetool.costmodel.tf.calibrate import identify_worker_costs
+        from placetool.costmodel.workers import with_worker_costs
 
-        # the costs that replay other runs' recorded steps with their traced op times, not fitted here
         base = with_worker_costs(fit_in["cluster"])
-        out["none/workers-traced"] = (CostModel(t.graph, base, profile=profile), profile,
-                                      {"costs": asdict(TESTBED_COSTS), "fitted": "no: workers.TESTBED_COSTS"})
-        # and fitted, as the other rules are, to this graph's designed split steps on the profile's op times
-        out["none/workers"] = fitted(base)
+        # fitted, as the other rules are, to this graph's designed split steps on the profile's op times
+        out["none/workers-steps"] = fitted(base)
+        # identified as `calibrate --link-send workers` does, from traced split steps of this session: the
+        # replay's costs alone, and with the CPU per message that the traced op times hold
+        found = identify_worker_costs([t], spec, fit_in["cluster"], profile, steps=a.steps, log=log)
+        summ = {**found["fit"].summary(), "message_inflation": found["inflation"],
+                "op_inflation": found["op_inflation"]}
+        log(f"  links.send workers, identified from this session's traced steps: {summ}")
+        for key, costs in (("none/workers-replay", found["fit"].costs), ("none/workers", found["costs"])):
+            out[key] = (CostModel(t.graph, with_worker_costs(fit_in["cluster"], costs), profile=profile), profile,
+                        {**summ, "costs": asdict(costs)})
     return out
 
 
@@ -220,7 +227,9 @@ def main(argv=None) -> int:
                          "rule and judge both on the same measurements (default)")
     ap.add_argument("--workers-rule", action="store_true",
                     help="also judge links.send 'workers' (TensorFlow's run queue, costmodel/workers.py) on the "
-                         "calibration's lone-transfer links, with the testbed's costs, not fitted to this graph")
+                         "calibration's lone-transfer links: its costs identified from this session's traced split "
+                         "steps as calibrate --link-send workers does (workers), the replay's part of them alone "
+                         "(workers-replay), and fitted to the split steps' totals (workers-steps)")
     ap.add_argument("--replay", action="store_true", help="also trace and replay one step of every placement")
     ap.add_argument("--replay-steps", type=int, default=3, help="traced steps per placement for --replay (median)")
     ap.add_argument("--json", action="store_true")
@@ -257,7 +266,8 @@ def main(argv=None) -> int:
                                                    warmup=2, reference=0, log=log)
                 log(f"  sentinel: noise floor ±{sent['noise_floor_pct']:.1f}%, {sent['redone']} round(s) run "
                     f"again, flagged: {sent['flagged_rounds'] or 'none'}")
-            replays = [replay_placement(t, p, spec, a.replay_steps) for _, p in cands] if a.replay else None
+            wm = models.get("none/workers", (None, None))[:2]
+            replays = [replay_placement(t, p, spec, a.replay_steps, *wm) for _, p in cands] if a.replay else None
             for q, (cm, profile, fit) in models.items():
                 rows.append(judge_model(s, q, t, cm, profile, fit, cands, reps, sent, replays, detail, log))
     finally:
@@ -284,7 +294,8 @@ def main(argv=None) -> int:
               f"{r['median_abs_error_pct']:>9.1f} {r['max_abs_error_pct']:>9.1f} {r['kendall_tau']:>6.2f} "
               f"{('yes' if r['best_agrees'] else 'no'):>5} {r['noise_floor_pct']:>8.1f} "
               f"{_num(r.get('sentinel_noise_floor_pct')):>10} {_num(r.get('ratio_median_abs_error_pct')):>11} "
-              f"{_num(r.get('replay_fifo_max_abs_error_pct')):>12} {f if f is None else round(f, 1):>6} "
+              f"{_num(r.get('replay_workers_max_abs_error_pct', r.get('replay_fifo_max_abs_error_pct'))):>12} "
+              f"{f if f is None else round(f, 1):>6} "
               f"{h if h is None else round(h, 1):>6}")
     print(f"({secs:.0f} s; devices: {len(spec.tf_devices)} x {spec.kinds[0]})")
     return 0
@@ -336,9 +347,12 @@ def _num(x) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
-def replay_placement(t, p, spec, steps: int) -> dict:
+def replay_placement(t, p, spec, steps: int, workers=None, profile=None) -> dict:
     """Trace ``steps`` steps of one placement and replay the median one with its own op
-    times: the simulator's link queue, transfers side by side, each its traced delivery."""
+    times: the simulator's link queue, transfers side by side, each its traced delivery;
+    with ``workers`` (a CostModel under links.send "workers", and its ``profile``) also
+    TensorFlow's run queue on its cluster, and how much longer the traced ops ran than the
+    profile says."""
     from placetool.costmodel import timeline as TL
     from placetool.costmodel.tf.trace_capture import capture
 
@@ -350,6 +364,12 @@ def replay_placement(t, p, spec, steps: int) -> dict:
         out[f"replay_{links}_error_pct"] = r["error_pct"]
     # fewer traced than simulated transfers: RecvTensor records missing from the trace
     out["replay_transfers"], out["replay_simulated_transfers"] = r["transfers"], r["simulated_transfers"]
+    if workers is not None:
+        out["replay_workers_error_pct"] = TL.replay(rec, k, cluster=workers.cluster, links=TL.WORKERS)["error_pct"]
+        from placetool.costmodel.workers_fit import op_inflation, steps_of
+
+        dispatch = [profile.dispatch_us.get(d.kind, 0.0) for d in workers.cluster.devices]
+        out["op_inflation"] = op_inflation(steps_of(rec, [k]), workers.T, dispatch)
     return out
 
 
@@ -366,7 +386,9 @@ def replay_summary(rows) -> dict:
     if rows is None:
         return {}
     out = {}
-    for links in ("fifo", "concurrent", "traced"):
+    for links in ("fifo", "concurrent", "traced", "workers"):
+        if f"replay_{links}_error_pct" not in rows[0]:
+            continue
         e = [abs(r[f"replay_{links}_error_pct"]) for r in rows]
         out[f"replay_{links}_median_abs_error_pct"] = float(np.median(e))
         out[f"replay_{links}_max_abs_error_pct"] = float(np.max(e))
