@@ -57,7 +57,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers-rule", action="store_true",
                     help="calibrate and search under links.send 'workers' (TensorFlow's run queue, "
-                         "costmodel/workers.py), its costs fitted to the designed splits as calibrate fits them")
+                         "costmodel/workers.py), its costs identified from the session's traced split steps as "
+                         "calibrate --link-send workers does")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     a.local = False

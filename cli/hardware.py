@@ -306,7 +306,8 @@ def testbed_status(state, as_json):
               help="When does a tensor leave its device (links.send)? auto: idle between TF worker processes "
                    "(a worker serves transfers only with no op of its own ready), eager on this process's "
                    "own devices; aside: at once, the send cost paid on the device beside the wire; workers: "
-                   "as a TF worker's one compute thread serves it (its run queue, docs/simulator.md).")
+                   "as a TF worker's one compute thread serves it (its run queue, docs/simulator.md), its costs "
+                   "identified from traced split steps of this run (docs/hardware.md).")
 @quiet_option
 @json_option
 def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, testbed_device, cluster_spec,

@@ -132,7 +132,8 @@ def test_message_inflation_recovers_cpu_per_message_on_each_end():
         prof.append(profiled)
     m = message_inflation(steps, prof, 2)
     assert m["send_us"] == pytest.approx(40.0, abs=1e-6) and m["recv_us"] == pytest.approx(10.0, abs=1e-6)
-    assert m["send_us_per_byte"] == pytest.approx(0.0, abs=1e-9) and m["recv_us_per_byte"] == pytest.approx(0.0, abs=1e-9)
+    assert m["send_us_per_byte"] == pytest.approx(0.0, abs=1e-9)
+    assert m["recv_us_per_byte"] == pytest.approx(0.0, abs=1e-9)
     c = with_inflation(WorkerCosts(request_us=5.0, handler_us=50.0, arrive_us=20.0), m)
     assert (c.request_us, c.handler_us, c.arrive_us) == (5.0, pytest.approx(90.0), pytest.approx(30.0))
     # one device: no messages, nothing to learn

@@ -15,7 +15,8 @@
   adds it to predictions;
 - per-op-type fits from all the medians;
 - designed split placements of each graph, measured repeatedly and interleaved, to
-  which the device-side transfer costs are fitted (see :func:`calibrate`).
+  which the device-side transfer costs are fitted (see :func:`calibrate`); under
+  ``links.send`` "workers", traced too, and the costs identified from the traces.
 
 It returns the :class:`~placetool.costmodel.calibration.Profile` and the calibrated
 :class:`~placetool.costmodel.cluster.Cluster` (links from the fits, roofline fields from the
@@ -190,6 +191,8 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
     per device, the send/receive time per message and per byte. ``profile.meta
     ["transfer_fit"]`` holds the fit, its error on the placements held out of it and the
     noise floor; ``profile.meta["noisy"]`` a warning when that floor exceeds ``max_noise_pct``.
+    Under ``link_send`` "workers" the costs come from ``split_steps`` traced steps of each
+    design instead (:func:`identify_worker_costs`), recorded in ``profile.meta["worker_fit"]``.
     """
     tf = import_tf()
     names = device_names(spec)
@@ -349,13 +352,10 @@ def _worker_costs(traced_list, spec, profile, cluster, samples, split_steps, tim
     cluster = with_worker_costs(cluster, found["costs"])
     summ = {**fit.summary(), "replay_costs": asdict(fit.costs), "costs": asdict(found["costs"]),
             "message_inflation": found["inflation"]}
-    pred = {}
-    for s in samples:
-        cm = pred.get(s.graph.name) or CostModel(s.graph, cluster, profile=profile)
-        pred[s.graph.name] = cm
-        s_us = float(cm.simulate(s.placement).step_time_us) + profile.step_overhead(len(np.unique(s.placement)))
-        summ.setdefault("steps", []).append({"graph": s.graph.name, "label": s.label, "measured_us": s.measured_us,
-                                             "predicted_us": s_us})
+    models = {t.graph.name: CostModel(t.graph, cluster, profile=profile) for t in traced_list}
+    summ["steps"] = [{"graph": s.graph.name, "label": s.label, "measured_us": s.measured_us,
+                      "predicted_us": float(models[s.graph.name].simulate(s.placement).step_time_us)
+                      + profile.step_overhead(len(np.unique(s.placement)))} for s in samples]
     err = np.array([100.0 * (r["predicted_us"] - r["measured_us"]) / r["measured_us"] for r in summ["steps"]])
     floor = float(np.median([s.spread_pct for s in samples]))
     summ.update(op_inflation=inflation, noise_floor_pct=floor,

@@ -496,8 +496,10 @@ def verify_top(traced, candidates, spec: ClusterSpec | None = None, testbed: int
     search placement picked so is then measured again against the best baseline and one
     device in a fresh run of ``confirm_rounds`` paired rounds, which took no part in
     choosing it (the fastest of several noisy measurements is biased low), and is
-    recommended only if that run confirms it (:func:`confirm`); ``confirm_rounds=0``
-    skips it. Returns :func:`judge`'s account plus ``sentinel`` and ``confirmation``.
+    recommended only if that run confirms it (:func:`confirm`); a baseline other than one
+    device that ends up recommended is confirmed against one device the same way
+    (``baseline_confirmation``), else one device is. ``confirm_rounds=0`` skips both.
+    Returns :func:`judge`'s account plus ``sentinel`` and the confirmations.
     """
     from .sentinel import measure_with_sentinel
 
@@ -530,16 +532,7 @@ def verify_top(traced, candidates, spec: ClusterSpec | None = None, testbed: int
         s = out["recommended"]
         if confirm_rounds and out["confirmed"]:
             b = out["best_baseline"]
-            if log:
-                log(f"confirming {rows[s]['label']} against {rows[b]['label']} and one device in a fresh run "
-                    f"of {confirm_rounds} paired rounds ...")
-            idx = list(dict.fromkeys([ref, b, s]))
-            reps2, sent2 = measure(sp, [P[i] for i in idx], confirm_rounds, 0)
-            c = confirm(reps2[idx.index(s)].round_us, reps2[idx.index(b)].round_us, sent2["noise_floor_pct"],
-                        keep=sent2["paired_rounds"])
-            c["ratio_to_single"] = {rows[i]["label"]: sent2["paired"][k]["ratio"] for k, i in enumerate(idx)}
-            c["sentinel"] = {k: v for k, v in sent2.items() if k != "paired"}
-            out["confirmation"] = c
+            c = out["confirmation"] = fresh(sp, rows, s, b)
             if not c["confirmed"]:
                 out["confirmed"] = False
                 out["recommended"] = out["fallback"]
@@ -551,7 +544,31 @@ def verify_top(traced, candidates, spec: ClusterSpec | None = None, testbed: int
             else:
                 out["message"] += (f"; confirmed by a fresh run of {confirm_rounds} paired rounds: "
                                    f"{c['gain_pct']:+.1f}% (faster in {c['rounds_faster']} of {c['rounds']})")
+        r = out["recommended"]
+        if confirm_rounds and rows[r]["source"] not in ("search", "single") and candidates[ref]["source"] == "single":
+            # a baseline replaces one device only when a fresh run agrees, as a search placement does
+            c = out["baseline_confirmation"] = fresh(sp, rows, r, ref)
+            verdict = "confirmed" if c["confirmed"] else "NOT confirmed"
+            out["message"] += (f"; {rows[r]['label']} {verdict} against {rows[ref]['label']} by a fresh run of "
+                               f"{confirm_rounds} paired rounds: {c['gain_pct']:+.1f}% (faster in "
+                               f"{c['rounds_faster']} of {c['rounds']})")
+            if not c["confirmed"]:
+                out["recommended"] = ref
+                out["message"] += f"; recommending {rows[ref]['label']}"
         return out
+
+    def fresh(sp, rows, win, against) -> dict:
+        """``win`` against ``against`` (and one device) in a fresh run of paired rounds."""
+        if log:
+            log(f"confirming {rows[win]['label']} against {rows[against]['label']} and one device in a fresh run "
+                f"of {confirm_rounds} paired rounds ...")
+        idx = list(dict.fromkeys([ref, against, win]))
+        reps2, sent2 = measure(sp, [P[i] for i in idx], confirm_rounds, 0)
+        c = confirm(reps2[idx.index(win)].round_us, reps2[idx.index(against)].round_us, sent2["noise_floor_pct"],
+                    keep=sent2["paired_rounds"])
+        c["ratio_to_single"] = {rows[i]["label"]: sent2["paired"][k]["ratio"] for k, i in enumerate(idx)}
+        c["sentinel"] = {k: v for k, v in sent2.items() if k != "paired"}
+        return c
 
     if spec is not None:
         out = run(spec)
