@@ -378,9 +378,10 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
     wf = summary["worker_fit"]
     if wf:
         c = wf["costs"]
+        mb = {k: c[k] * 1e6 for k in ("send_us_per_byte", "recv_us_per_byte")}
         click.echo(f"  per message on the compute threads (links.send workers): request {c['request_us']:,.1f} µs, "
-                   f"handler {c['handler_us']:,.1f} µs, arrival {c['arrive_us']:,.1f} µs, "
-                   f"{c['send_us_per_byte'] * 1e6:,.0f} µs/MB on each end")
+                   f"handler {c['handler_us']:,.1f} µs + {mb['send_us_per_byte']:,.0f} µs/MB, "
+                   f"arrival {c['arrive_us']:,.1f} µs + {mb['recv_us_per_byte']:,.0f} µs/MB")
         click.echo(f"  traced split steps replayed: median |error| {wf['median_abs_error_pct']:.1f}% (max "
                    f"{wf['max_abs_error_pct']:.1f}%, {wf['n_steps']} steps); designs predicted: median "
                    f"{wf['predicted']['median_abs_error_pct']:.1f}% (max {wf['predicted']['max_abs_error_pct']:.1f}%); "

@@ -529,15 +529,26 @@ def test_testbed_up_status_down_cli(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_calibrate_identifies_worker_costs_from_its_own_traced_steps(mlp, testbed):
-    """``links.send`` "workers": the per-message costs come from traced split steps of the
-    session itself, replayed; the links stay the lone transfers' and every device carries
-    the identified costs."""
-    from placetool.costmodel.tf.calibrate import calibrate, designed_splits
+def test_calibrate_identifies_worker_costs_from_its_own_traced_steps(mlp, testbed, tmp_path):
+    """``calibrate --link-send workers``: the per-message costs come from traced split steps
+    of the session itself, replayed; the links stay the lone transfers' and every device
+    carries the identified costs."""
+    from click.testing import CliRunner
 
-    logs = []
-    prof, cl = calibrate([mlp], testbed.spec, sizes=(1024, 16384, 65536), trace_steps=1, reps=3, log=logs.append,
-                         split_steps=1, rounds=2, link_send="workers")
+    from placetool.cli.main import cli
+    from placetool.costmodel.tf.calibrate import designed_splits
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"worker": testbed.spec.workers}))
+    out = tmp_path / "prof.json"
+    _fresh_keras()
+    r = CliRunner().invoke(cli, ["calibrate", "-g", "mlp", "--batch", "16", "--cluster-spec", str(spec),
+                                 "--out", str(out), "--reps", "3", "--max-transfer", "65536", "--trace-steps", "1",
+                                 "--split-steps", "1", "--rounds", "2", "--link-send", "workers"])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    logs = r.output.splitlines()
+    prof = load_profile(out)
+    cl = prof.cluster()
     wf = prof.meta["worker_fit"]
     splits = [lb for lb, _, _ in designed_splits(mlp.graph, testbed.spec) if not lb.startswith("single:")]
     assert cl.link_send == "workers" and cl.link_queue == "none" and "transfer_fit" not in prof.meta
@@ -558,4 +569,6 @@ def test_calibrate_identifies_worker_costs_from_its_own_traced_steps(mlp, testbe
     err = [abs(100 * (r["predicted_us"] - r["measured_us"]) / r["measured_us"]) for r in rows]
     assert wf["predicted"]["max_abs_error_pct"] == pytest.approx(max(err))
     assert any("worker costs (from" in m for m in logs)
-    assert prof.cluster().link_send == "workers"  # the profile carries the cluster it was made with
+    shown = next(m for m in logs if "per message on the compute threads" in m)
+    assert f"handler {c['handler_us']:,.1f} µs + {c['send_us_per_byte'] * 1e6:,.0f} µs/MB" in shown
+    assert any(m.strip().startswith("traced split steps replayed: median |error|") for m in logs)
