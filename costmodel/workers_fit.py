@@ -195,21 +195,20 @@ def fit_worker_costs(steps: list[ReplayStep], latency_us, bandwidth, bounds: dic
     bw = np.ascontiguousarray(bandwidth, np.float64)
     b = {**BOUNDS, **(bounds or {})}
     box = [tuple(map(float, b[k])) for k in ("request_us", "handler_us", "arrive_us", "us_per_mb")]
-    free = [hi > lo for lo, hi in box]
+    free = [i for i, (lo, hi) in enumerate(box) if hi > lo]
+    x = np.array([lo for lo, _ in box])  # pinned costs stay at their bound
     count = [0]
 
-    def score(x) -> float:
+    def score(v) -> float:
         count[0] += 1
+        x[free] = v
         return _score(replay_errors(steps, lat, bw, _costs(x)))
 
-    popsize = 8  # x the free parameters per generation
-    per_gen = popsize * max(sum(free), 1)
-    if any(free):
-        r = differential_evolution(score, [bx if f else (bx[0], bx[0] + 1e-9) for bx, f in zip(box, free)],
-                                   seed=seed, popsize=popsize, maxiter=max(max_evaluations // per_gen - 1, 1),
+    if free:
+        popsize = 8  # x the free costs: the cost points per generation
+        r = differential_evolution(score, [box[i] for i in free], seed=seed, popsize=popsize,
+                                   maxiter=max(max_evaluations // (popsize * len(free)) - 1, 1),
                                    tol=1e-9, polish=False, init="latinhypercube")
-        x = [v if f else bx[0] for v, bx, f in zip(r.x, box, free)]
-    else:
-        x = [bx[0] for bx in box]
+        x[free] = r.x
     costs = _costs(np.round(x, 3))
     return WorkerFit(costs, replay_errors(steps, lat, bw, costs), count[0], [s.label for s in steps])
