@@ -552,13 +552,14 @@ def test_calibrate_identifies_worker_costs_from_its_own_traced_steps(mlp, testbe
     wf = prof.meta["worker_fit"]
     splits = [lb for lb, _, _ in designed_splits(mlp.graph, testbed.spec) if not lb.startswith("single:")]
     assert cl.link_send == "workers" and cl.link_queue == "none" and "transfer_fit" not in prof.meta
-    assert wf["n_steps"] == len(splits) and wf["evaluations"] >= 108  # one traced step each; the grid at least
-    c, r, m = wf["costs"], wf["replay_costs"], wf["message_inflation"]
-    assert all(v >= 0 for v in [*c.values(), *m.values()]) and r["send_us_per_byte"] == r["recv_us_per_byte"]
+    assert wf["n_steps"] == len(splits)  # one traced step of each
+    assert 900 <= wf["evaluations"] <= 1100  # the search's budget of cost points
+    c, rc, m = wf["costs"], wf["replay_costs"], wf["message_inflation"]
+    assert all(v >= 0 for v in [*c.values(), *m.values()]) and rc["send_us_per_byte"] == rc["recv_us_per_byte"]
     # the replay's costs plus what the traced ops hold per message against the profile
-    assert c["handler_us"] == pytest.approx(r["handler_us"] + m["send_us"])
-    assert c["recv_us_per_byte"] == pytest.approx(r["recv_us_per_byte"] + m["recv_us_per_byte"])
-    assert c["request_us"] == r["request_us"]
+    assert c["handler_us"] == pytest.approx(rc["handler_us"] + m["send_us"])
+    assert c["recv_us_per_byte"] == pytest.approx(rc["recv_us_per_byte"] + m["recv_us_per_byte"])
+    assert c["request_us"] == rc["request_us"]
     for d in cl.devices:
         assert (d.request_us, d.send_us, d.send_us_per_byte, d.recv_us, d.recv_us_per_byte) == (
             c["request_us"], c["handler_us"], c["send_us_per_byte"], c["arrive_us"], c["recv_us_per_byte"])
@@ -566,7 +567,7 @@ def test_calibrate_identifies_worker_costs_from_its_own_traced_steps(mlp, testbe
     assert 0 <= wf["median_abs_error_pct"] <= wf["max_abs_error_pct"] and wf["op_inflation"] > 0
     rows = wf["steps"]
     assert len(rows) == wf["predicted"]["n"] == len(designed_splits(mlp.graph, testbed.spec))
-    err = [abs(100 * (r["predicted_us"] - r["measured_us"]) / r["measured_us"]) for r in rows]
+    err = [abs(100 * (x["predicted_us"] - x["measured_us"]) / x["measured_us"]) for x in rows]
     assert wf["predicted"]["max_abs_error_pct"] == pytest.approx(max(err))
     assert any("worker costs (from" in m for m in logs)
     shown = next(m for m in logs if "per message on the compute threads" in m)
