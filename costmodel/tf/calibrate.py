@@ -299,13 +299,12 @@ def _fit_transfers(traced_list, spec: ClusterSpec, profile: Profile, cluster: Cl
         for (label, p, held), m in zip(designs, reps):
             samples.append(StepSample(t.graph, p, m.step_us, m.spread_pct, label, held))
     _anchor_op_times(traced_list, samples, profile, cluster, kinds, log)
-    if cluster.link_send == "workers":
-        return _worker_costs(traced_list, spec, profile, cluster, samples, split_steps, timeout_s,
-                             max_noise_pct, fit_inputs, kinds, log)
-    log(f"fitting transfer costs to {sum(not s.held_out for s in samples)} steps "
-        f"({sum(s.held_out for s in samples)} held out) ...")
     if fit_inputs is not None:
         fit_inputs.update(samples=samples, cluster=cluster, kinds=kinds)
+    if cluster.link_send == "workers":
+        return _worker_costs(traced_list, spec, profile, cluster, samples, split_steps, timeout_s, max_noise_pct, log)
+    log(f"fitting transfer costs to {sum(not s.held_out for s in samples)} steps "
+        f"({sum(s.held_out for s in samples)} held out) ...")
     fit = fit_transfer_costs(samples, cluster, profile, kinds=kinds)
     summ = fit.summary()
     cluster = with_transfer_params(cluster, fit.params, kinds)
@@ -337,7 +336,7 @@ def _warn_noisy(profile, floor_pct, n, max_noise_pct, log) -> None:
 
 
 def _worker_costs(traced_list, spec, profile, cluster, samples, split_steps, timeout_s, max_noise_pct,
-                  fit_inputs, kinds, log) -> Cluster:
+                  log) -> Cluster:
     """``links.send`` "workers": the per-message costs identified from traced steps of the
     designed splits, this session's (:func:`identify_worker_costs`), on the lone transfers'
     links; ``profile.meta["worker_fit"]`` records the fit, and how far the costs predict the
@@ -345,8 +344,6 @@ def _worker_costs(traced_list, spec, profile, cluster, samples, split_steps, tim
     from placetool.costmodel import CostModel
     from placetool.costmodel.workers import with_worker_costs
 
-    if fit_inputs is not None:
-        fit_inputs.update(samples=samples, cluster=cluster, kinds=kinds)
     found = identify_worker_costs(traced_list, spec, cluster, profile, steps=split_steps, timeout_s=timeout_s, log=log)
     fit, inflation = found["fit"], found["op_inflation"]
     cluster = with_worker_costs(cluster, found["costs"])
@@ -414,7 +411,7 @@ def identify_worker_costs(traced_list, spec: ClusterSpec, cluster: Cluster, prof
             dispatch = np.array([profile.dispatch_us.get(d.kind, 0.0) for d in cluster.devices])
             base = np.maximum(cm.T - dispatch[None, :], 0.0)
             profiled += [base[np.arange(g.n_ops), s.placement] for s in mine]
-            weighted.append((op_inflation(mine, cm.T, dispatch), len(mine)))
+            weighted.append((op_inflation(mine, base), len(mine)))
     log(f"identifying the per-message costs from {len(rsteps)} traced steps ...")
     fit = fit_worker_costs(rsteps, cluster.latency_us, cluster.bandwidth_bytes_per_us)
     if profile is None:
