@@ -19,9 +19,11 @@ critical path:
    the coarse graph, in a fraction of their time on the fine one;
 3. greedy rounds of region-sized critical-path moves take ``pull_share`` of what is
    left (:func:`_pull_rounds`): each round traces the path of the current placement and
-   scores a batch of candidates, some pulling a random share of the path's transfers
-   onto one device each (towards the device with memory to spare), some moving one of
-   the longest groups to another device; the best is kept if it fits and is faster;
+   scores a batch of candidates, pulling a random share of the path's transfers onto one
+   device each (towards the device with memory to spare) or, where the path crosses
+   devices hundreds of times, a stretch of it onto the device that holds most of its
+   work, and moving one of the longest groups to another device; the best, or all that
+   gained together where that is faster still, is kept if it fits;
    ``pull_patience`` rounds in a row that keep nothing end them early;
 4. ``cycles`` V-cycles (one per 15 s of the budget) refine the best: clusters that keep
    it exactly (groups merge only with neighbours on the same device), sa on them from
@@ -144,15 +146,28 @@ def _descend(problem, budget, seed, tracker, counts, share, runs_per_cluster, se
     return cur
 
 
-#: the shares of the critical path's transfers one pull move takes, one candidate each
-#: per round
-PULL_FRACTIONS = (0.005, 0.02)
-#: candidates per round that move one of the :data:`HEAVY` longest groups instead
+#: candidates per round that move one of the :data:`HEAVY` longest groups
 HEAVY_MOVES = 6
 HEAVY = 64
 #: the first rounds try each of this many longest groups, longest first, on every other
 #: device it may use (a sweep: one round per group)
 SWEEP_FIRST = 16
+#: the shares of the critical path's transfers one pull move takes, one candidate each
+#: per round
+PULL_FRACTIONS = (0.005, 0.02)
+#: a path with at least this many transfers gets :data:`SEGMENTS` moves of a stretch of
+#: it (and :data:`SEGMENT_HEAVY_MOVES` heavy ones) per round instead of the pulls. On
+#: gnmt8/k40x8 (~2,400 transfers on dispatch's path) and gnmt4/k80x4 (~680) stretches
+#: gain 2-4% at 10 s; on nmt/k80x4 (~210) stretches alone end 4-8% slower than pulls
+#: (benchmarks/README.md, "Stretches of the critical path"); 300 did no better than 500
+SEGMENT_MIN_TRANSFERS = 500
+#: stretch moves per round, and how many of the path's device changes a stretch spans
+#: (one drawn per candidate)
+SEGMENTS = 8
+SEGMENT_HOPS = (2, 4, 8, 16)
+SEGMENT_HEAVY_MOVES = 2
+#: the most candidates a round scores, the union of those that gained included
+ROUND_MAX = max(len(PULL_FRACTIONS) + HEAVY_MOVES, SEGMENTS + SEGMENT_HEAVY_MOVES) + 1
 
 
 def _pull_candidates(problem, rng, cur, comm, room, fractions):
@@ -193,6 +208,43 @@ def _heavy_candidates(problem, rng, cur, heavy, weight, n):
     return out
 
 
+def _segment_candidates(problem, rng, cur, path_groups, work, n, hops=SEGMENT_HOPS):
+    """``n`` moves of a stretch of the critical path onto one device each: the groups of
+    a run of ``path_groups`` (the path's groups in path order) that changes device a
+    drawn number of ``hops`` times, all to the device that holds most of their ``work``
+    (per group, µs), where each may run. On gnmt8 the path of a list schedule changes
+    device ~2,400 times and spends a third of the step in those transfers; a stretch
+    removes a few of them in one place, and stretches far apart mostly add up."""
+    dev = cur[path_groups]
+    cuts = np.flatnonzero(dev[1:] != dev[:-1]) + 1
+    out = []
+    if not len(cuts):
+        return out
+    for _ in range(n):
+        h = int(hops[rng.integers(len(hops))])
+        i = int(rng.integers(max(1, len(cuts) - h)))
+        lo = cuts[i - 1] if i else 0
+        hi = cuts[i + h] if i + h < len(cuts) else len(path_groups)  # runs i..i+h
+        grp = path_groups[lo:hi]
+        d = int(np.argmax(np.bincount(cur[grp], weights=work[grp] + 1e-9, minlength=problem.n_devices)))
+        grp = grp[problem.allowed[grp, d] & (cur[grp] != d)]
+        if grp.size:
+            a = cur.copy()
+            a[grp] = d
+            out.append(a)
+    return out
+
+
+def _union(cur, cands, picks) -> np.ndarray:
+    """``cur`` with the changes of the candidates ``picks`` applied in that order (a later
+    one wins where two move the same group)."""
+    u = cur.copy()
+    for i in picks:
+        ch = cands[i] != cur
+        u[ch] = cands[i][ch]
+    return u
+
+
 def _sweep_candidates(problem, cur, k):
     """Group ``k`` on each other device it may use, one candidate each."""
     out = []
@@ -206,22 +258,25 @@ def _sweep_candidates(problem, cur, k):
 
 def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, stages, meta,
                  patience: int | None = None) -> None:
-    """Greedy rounds of region-sized critical-path moves (:func:`_pull_candidates`) and
-    moves of long groups (:func:`_heavy_candidates`) from the tracker's best feasible
+    """Greedy rounds of moves along the critical path from the tracker's best feasible
     placement until ``until`` seconds (of the tracker's clock), ``max_evals``
-    evaluations (None: any) or the budget ends: each round traces the path of the
-    current placement, scores a batch of candidates and keeps the best if it fits and is
-    faster; the first rounds sweep the longest groups over the devices
-    (:data:`SWEEP_FIRST`); ``patience`` rounds in a row that keep nothing end them
-    (the greedy rounds are then at a local optimum the V-cycles get out of: on nmt/k80x4
-    they kept nothing after the first 3 s of 45). One pull of sa moves one or two
-    groups; on a graph whose path crosses devices thousands of times that is too little
-    per simulation to get anywhere in seconds."""
+    evaluations (None: any) or the budget ends. Each round traces the path of the
+    current placement and scores a batch of candidates: random shares of the path's
+    transfers pulled onto one device each (:func:`_pull_candidates`) or, on a path with
+    :data:`SEGMENT_MIN_TRANSFERS` transfers or more, stretches of it pulled onto one
+    device each (:func:`_segment_candidates`), and moves of long groups
+    (:func:`_heavy_candidates`); the first rounds sweep the longest groups over the
+    devices (:data:`SWEEP_FIRST`). Where two or more candidates gain, all of them
+    together are scored too (one more evaluation); the best that fits and is faster is
+    kept. ``patience`` rounds in a row that keep nothing end them (the greedy rounds are
+    then at a local optimum the V-cycles get out of: on nmt/k80x4 they kept nothing
+    after the first 3 s of 45). One move of sa changes one or two groups; on a graph
+    whose path crosses devices thousands of times that is too little per simulation to
+    get anywhere in seconds."""
     from .critical import CriticalPath
 
     rng = np.random.default_rng(seed + 1_000_003)
     cm = problem.cost_model
-    cap = cm.capacity.astype(np.float64)
     cur = tracker.best_assignment
     if cur is None or not tracker.best_feasible:
         return
@@ -230,29 +285,39 @@ def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, st
         return
     step, peak = got[0], got[2]
     t0, n0, rounds, kept, idle = tracker.seconds, tracker.evaluations, 0, {}, 0
-    fractions = PULL_FRACTIONS
-    t = np.where(np.isfinite(problem.group_time), problem.group_time, 0.0).min(axis=1)
+    gt = np.where(np.isfinite(problem.group_time), problem.group_time, 0.0)
+    t = gt.min(axis=1)
     heavy = np.argsort(-t, kind="stable")[: min(HEAVY, problem.n_groups)]
     weight = t[heavy] + 1e-9
     weight = weight / weight.sum()
     n_heavy = HEAVY_MOVES if (problem.allowed[heavy].sum(axis=1) > 1).any() else 0
-    comm = None  # the path of ``cur``, traced again only once ``cur`` changes
+    groups = np.arange(problem.n_groups)
+    cap = cm.capacity.astype(np.float64)
+    cp = None  # the path of ``cur``, traced again only once ``cur`` changes
     while not tracker.done() and tracker.seconds < until:
-        if max_evals is not None and tracker.evaluations - n0 + len(fractions) + n_heavy > max_evals:
+        if max_evals is not None and tracker.evaluations - n0 + ROUND_MAX > max_evals:
             # (a sweep may ask for more; the tracker scores what the budget holds)
             break
-        if comm is None:
-            comm = CriticalPath(cm, cur).comm
-        if not len(comm) or (patience is not None and idle >= patience):
+        if cp is None:
+            cp = CriticalPath(cm, cur)
+        if not len(cp.comm) or (patience is not None and idle >= patience):
             break
         sweep = n_heavy and rounds < min(SWEEP_FIRST, len(heavy))
         cands = _sweep_candidates(problem, cur, heavy[rounds]) if sweep else []
         kinds = ["sweep"] * len(cands)
         if not cands:
-            cands = _pull_candidates(problem, rng, cur, comm, cap - peak, fractions)
-            kinds = [f"pull {f:g}" for f in fractions]
-            cands += _heavy_candidates(problem, rng, cur, heavy, weight, n_heavy)
+            if len(cp.comm) >= SEGMENT_MIN_TRANSFERS:
+                cands = _segment_candidates(problem, rng, cur, cp.groups, gt[groups, cur], SEGMENTS)
+                kinds = ["segment"] * len(cands)
+                k_heavy = min(n_heavy, SEGMENT_HEAVY_MOVES)
+            else:
+                cands = _pull_candidates(problem, rng, cur, cp.comm, cap - peak, PULL_FRACTIONS)
+                kinds = [f"pull {f:g}" for f in PULL_FRACTIONS]
+                k_heavy = n_heavy
+            cands += _heavy_candidates(problem, rng, cur, heavy, weight, k_heavy)
             kinds += ["heavy"] * (len(cands) - len(kinds))
+        if not cands:
+            break
         try:
             r = tracker.evaluate(np.stack(cands))
         except BudgetExhausted:
@@ -261,10 +326,24 @@ def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, st
         idle += 1
         obj = np.where(r.feasible, r.step_time_us, np.inf)
         i = int(np.argmin(obj))
-        if obj[i] < step and i < len(kinds):
-            cur, step, peak = r.assignments[i].copy(), float(obj[i]), r.peak_memory_bytes[i]
+        good = np.flatnonzero(obj < step)
+        if len(good) > 1:
+            # moves in different parts of the path mostly add up: all that gained,
+            # together, the best last
+            u = _union(cur, r.assignments, good[np.argsort(-obj[good])])
+            try:
+                ru = tracker.evaluate(u)
+            except BudgetExhausted:
+                break
+            if ru.feasible[0] and ru.step_time_us[0] < obj[i]:
+                cur, step, cp, idle = u, float(ru.step_time_us[0]), None, 0
+                peak = ru.peak_memory_bytes[0]
+                kept["union"] = kept.get("union", 0) + 1
+                continue
+        if obj[i] < step:
+            cur, step, cp, idle = r.assignments[i].copy(), float(obj[i]), None, 0
+            peak = r.peak_memory_bytes[i]
             kept[kinds[i]] = kept.get(kinds[i], 0) + 1
-            comm, idle = None, 0
     meta["pulls"] = {"rounds": rounds, "kept": kept, "seconds": tracker.seconds - t0,
                      "stalled": patience is not None and idle >= patience}
     stages.note("critical-path pulls")

@@ -146,34 +146,60 @@ def test_memory_is_honoured():
     assert r.feasible and np.all(cm.simulate(r.placement).peak_memory_bytes <= cm.capacity)
 
 
-def test_pull_candidates_move_only_the_ends_of_transfers_onto_each_other(p1k):
-    from placetool.search.critical import CriticalPath
-    from placetool.search.multilevel import _heavy_candidates, _pull_candidates
+def test_a_segment_moves_a_stretch_of_the_path_onto_the_device_with_most_of_its_work(p1k):
+    from placetool.search.multilevel import _heavy_candidates, _segment_candidates
 
+    # a path of six groups that may run anywhere, on devices 1 1 2 1 3 3: it changes
+    # device at positions 2, 3 and 4
+    path = np.flatnonzero(p1k.allowed.all(axis=1))[:6]
+    cur = np.zeros(p1k.n_groups, np.int32)
+    cur[path] = [1, 1, 2, 1, 3, 3]
+    work = np.zeros(p1k.n_groups)
+    work[path] = [5.0, 5.0, 1.0, 5.0, 2.0, 2.0]
+    # two hops from the start span the first four (devices 1 1 2 1): the third joins device 1
+    (a,) = _segment_candidates(p1k, np.random.default_rng(0), cur, path, work, 1, hops=(2,))
+    assert np.flatnonzero(a != cur).tolist() == [path[2]] and a[path[2]] == 1
+    # the most work, not the most groups, picks the device
+    work[path[2]] = 20.0
+    (a,) = _segment_candidates(p1k, np.random.default_rng(0), cur, path, work, 1, hops=(2,))
+    assert np.flatnonzero(a != cur).tolist() == path[[0, 1, 3]].tolist() and (a[path[[0, 1, 3]]] == 2).all()
+    # as many hops as the path has: all of it, here onto device 3 (the last two weigh most)
+    work[path[4:]] = 50.0
+    for b in _segment_candidates(p1k, np.random.default_rng(1), cur, path, work, 4, hops=(3,)):
+        assert np.flatnonzero(b != cur).tolist() == path[:4].tolist() and (b[path] == 3).all()
+    # a path that never changes device offers nothing
+    assert _segment_candidates(p1k, np.random.default_rng(0), np.ones_like(cur), path, work, 3) == []
     rng = np.random.default_rng(0)
-    cur = p1k.random_assignment(rng)
-    comm = CriticalPath(p1k.cost_model, cur).comm
-    assert len(comm)
-    room = np.ones(p1k.n_devices)
-    (a,) = _pull_candidates(p1k, rng, cur, comm, room, [1.0])  # every transfer pulled
-    moved = np.flatnonzero(a != cur)
-    assert moved.size and set(moved.tolist()) <= set(comm.ravel().tolist())
-    # a moved group went to the device of a group it exchanges data with on the path
-    partners = {}
-    for s, d in comm:
-        partners.setdefault(int(s), set()).add(int(cur[d]))
-        partners.setdefault(int(d), set()).add(int(cur[s]))
-    assert all(int(a[k]) in partners[int(k)] for k in moved) and p1k.is_valid(a)
     heavy = np.arange(5)
     for b in _heavy_candidates(p1k, rng, cur, heavy, np.full(5, 0.2), 4):
         diff = np.flatnonzero(b != cur)
         assert diff.size == 1 and diff[0] in heavy and p1k.is_valid(b)
 
 
-def test_the_rounds_report_what_they_kept(p1k):
-    r = run("multilevel", p1k, Budget(evals=120), seed=0, seeds="m-etf", pull_share=1.0, cycles=1)
+def test_the_union_applies_every_picked_move_and_the_last_wins_a_conflict():
+    from placetool.search.multilevel import _union
+
+    cur = np.zeros(5, np.int32)
+    cands = np.array([[1, 0, 0, 0, 0], [0, 2, 2, 0, 0], [0, 0, 3, 0, 3]], np.int32)
+    assert _union(cur, cands, [0, 1, 2]).tolist() == [1, 2, 3, 0, 3]
+    assert _union(cur, cands, [2, 1]).tolist() == [0, 2, 2, 0, 3]
+    assert cur.tolist() == [0] * 5  # cur is left as it was
+
+
+def test_the_rounds_report_what_they_kept(p1k, monkeypatch):
+    from placetool.search import multilevel
+
+    opts = dict(seeds="m-etf", pull_share=1.0, cycles=1)
+    r = run("multilevel", p1k, Budget(evals=120), seed=0, **opts)
     pulls = r.metadata["pulls"]
-    assert pulls["rounds"] >= 1 and set(pulls["kept"]) <= {"sweep", "heavy", "pull 0.005", "pull 0.02"}
+    # synthetic-1k's path has a few transfers: the rounds pull them
+    assert pulls["rounds"] >= 1 and set(pulls["kept"]) <= {"sweep", "heavy", "pull 0.005", "pull 0.02", "union"}
+    assert r.evaluations <= 120 and r.feasible
+    # as if it had many: stretches of it instead, which gain here too
+    monkeypatch.setattr(multilevel, "SEGMENT_MIN_TRANSFERS", 1)
+    r = run("multilevel", p1k, Budget(evals=120), seed=0, **opts)
+    kept = r.metadata["pulls"]["kept"]
+    assert set(kept) <= {"sweep", "heavy", "segment", "union"} and kept.get("segment", 0) + kept.get("union", 0) > 0
     assert r.evaluations <= 120 and r.feasible
 
 
