@@ -133,8 +133,6 @@ def fit_device_costs(recordings, singles=None, labels=None) -> DeviceCostFit:
     ``singles``: per recording, {device: per-op µs alone}; default each recording's own
     single-device trace for every device. ``labels``: a name per recording for the rows.
     """
-    from scipy.optimize import nnls
-
     X, y, rows = [], [], []
     for k, rec in enumerate(recordings):
         one = singles[k] if singles is not None else _own_single(rec)
@@ -151,16 +149,27 @@ def fit_device_costs(recordings, singles=None, labels=None) -> DeviceCostFit:
     if not rows:
         raise TimelineError("no traced split steps to fit transfer costs to (every recording runs on one device)")
     X, y = np.array(X), np.array(y)
-    coef, _ = nnls(X, y)
-    pred = X @ coef
+    params, pred = transfer_cost_regression(X, y)
     for r, v in zip(rows, pred):
         r["predicted_us"] = float(v)
     ss = float(np.sum((y - y.mean()) ** 2))
     r2 = 1.0 - float(np.sum((pred - y) ** 2)) / ss if ss > 0 else float("nan")
+    return DeviceCostFit(params, rows, r2)
+
+
+def transfer_cost_regression(X, y) -> tuple[dict, np.ndarray]:
+    """Non-negative least squares of per-device CPU time ``y`` (µs) on the rows ``X`` of
+    :func:`transfer_counts` (messages and KiB sent, messages and KiB received): the
+    per-message and per-byte costs as ``{"send_us", "send_us_per_byte", "recv_us",
+    "recv_us_per_byte"}``, and the fitted values."""
+    from scipy.optimize import nnls
+
+    X = np.asarray(X, np.float64).reshape(-1, len(FEATURES))
+    coef = nnls(X, np.asarray(y, np.float64))[0]
     params = {"send_us": float(coef[0]), "send_us_per_byte": float(coef[1] / _KB),
               "recv_us": float(coef[2]), "recv_us_per_byte": float(coef[3] / _KB)}
     assert tuple(params) == TRANSFER_COST_KEYS
-    return DeviceCostFit(params, rows, r2)
+    return params, X @ coef
 
 
 def _own_single(rec) -> dict:

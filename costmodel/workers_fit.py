@@ -119,9 +119,7 @@ def message_inflation(steps: list[ReplayStep], profiled_us: list, n_devices: int
 
     A replay runs on the traced op times, so the costs it identifies leave out what the
     message work took from inside the ops; a prediction on profiled op times needs both."""
-    from scipy.optimize import nnls
-
-    from .commfit import transfer_counts
+    from .commfit import transfer_cost_regression, transfer_counts
 
     X, y = [], []
     for s, prof in zip(steps, profiled_us):
@@ -133,9 +131,7 @@ def message_inflation(steps: list[ReplayStep], profiled_us: list, n_devices: int
                 y.append(float(np.sum(s.op_us[ops] - np.asarray(prof)[ops])))
     if not X or not np.any(X):
         return {"send_us": 0.0, "send_us_per_byte": 0.0, "recv_us": 0.0, "recv_us_per_byte": 0.0}
-    coef = nnls(np.array(X), np.array(y))[0]
-    return {"send_us": float(coef[0]), "send_us_per_byte": float(coef[1]) / 1024.0,
-            "recv_us": float(coef[2]), "recv_us_per_byte": float(coef[3]) / 1024.0}
+    return transfer_cost_regression(X, y)[0]
 
 
 def with_inflation(costs: WorkerCosts, inflation: dict) -> WorkerCosts:
