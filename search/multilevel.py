@@ -266,9 +266,9 @@ def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, st
     :data:`SEGMENT_MIN_TRANSFERS` transfers or more, stretches of it pulled onto one
     device each (:func:`_segment_candidates`), and moves of long groups
     (:func:`_heavy_candidates`); the first rounds sweep the longest groups over the
-    devices (:data:`SWEEP_FIRST`). Where two or more candidates gain, all of them
-    together are scored too (one more evaluation); the best that fits and is faster is
-    kept. ``patience`` rounds in a row that keep nothing end them (the greedy rounds are
+    devices (:data:`SWEEP_FIRST`). Where two or more candidates gain (outside a sweep),
+    all of them together are scored too (one more evaluation); the best that fits and is
+    faster is kept. ``patience`` rounds in a row that keep nothing end them (the greedy rounds are
     then at a local optimum the V-cycles get out of: on nmt/k80x4 they kept nothing
     after the first 3 s of 45). One move of sa changes one or two groups; on a graph
     whose path crosses devices thousands of times that is too little per simulation to
@@ -327,7 +327,7 @@ def _pull_rounds(problem, seed, tracker, until: float, max_evals: int | None, st
         obj = np.where(r.feasible, r.step_time_us, np.inf)
         i = int(np.argmin(obj))
         good = np.flatnonzero(obj < step)
-        if len(good) > 1:
+        if len(good) > 1 and not sweep:  # (a sweep's candidates all move one group)
             # moves in different parts of the path mostly add up: all that gained,
             # together, the best last
             u = _union(cur, r.assignments, good[np.argsort(-obj[good])])
