@@ -83,9 +83,12 @@ def _assign_groups(cm, choose) -> np.ndarray:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Chrome trace (Perfetto).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="Write a Gantt chart of devices and links (PNG, PDF or SVG by suffix or --format).")
+@click.option("--critical-path", "critical", is_flag=True,
+              help="Also say where the simulated critical path spends the step: computing (per device), waiting "
+                   "where it changes device, and the longest waits.")
 @format_options
 @notes_compiles
-def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path, fmt, dpi):
+def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path, critical, fmt, dpi):
     """Simulate one placement of GRAPH on CLUSTER and print its step time."""
     inputs = {"--graph": graph, "--cluster": cluster, "--placement": placement, "--profile": profile}
     check_writable(trace_path, "--trace", inputs=inputs)
@@ -97,7 +100,7 @@ def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path,
             raise UserError(f"--plot {e}") from None
     g, cl, cm = load_problem(graph, cluster, profile)
     p = parse_placement(placement, cm)
-    want_trace = bool(trace_path or plot_path)
+    want_trace = bool(trace_path or plot_path or critical)
     r = cm.simulate(p, trace=want_trace)
     if want_trace and r.trace is None:
         raise UserError(f"no trace: placement is invalid ({r.reason})")
@@ -108,6 +111,10 @@ def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path,
         r.trace.plot(g, cl, plot_path, lower_bound_us=cm.lower_bound_us(), fmt=fmt, dpi=dpi)
     out = {"graph": g.name, "cluster": cl.name, "placement": placement, **r.to_dict(),
            "lower_bound_us": cm.lower_bound_us()}
+    if critical:
+        from placetool.search.critical import path_breakdown
+
+        out["critical_path"] = path_breakdown(cm, p, top=CRITICAL_TOP)
     if as_json:
         emit_json(out)
         return
@@ -116,7 +123,29 @@ def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path,
     click.echo(f"feasible    {'yes' if r.feasible else 'no: ' + str(r.reason)}")
     for name, b, m, cap in zip(cl.names, r.busy_us, r.peak_memory_bytes, cm.capacity):
         click.echo(f"  {name:<10} busy {fmt_us(b):>12}   peak memory {m / 2**20:10,.1f} MiB of {cap / 2**30:,.0f} GiB")
+    if critical:
+        _echo_path(out["critical_path"])
     if trace_path:
         click.echo(f"trace written to {trace_path}")
     if plot_path:
         click.echo(f"plot written to {plot_path}")
+
+
+#: waits ``simulate --critical-path`` lists
+CRITICAL_TOP = 10
+
+
+def _echo_path(b: dict) -> None:
+    step = max(b["step_time_us"], 1e-12)
+    share = lambda us: f"{fmt_us(us)} ({100 * us / step:.1f}%)"  # noqa: E731
+    mean = b["transfer_wait_us"] / max(b["device_changes"], 1)
+    click.echo(f"critical path  {b['path_ops']:,} ops: computing {share(b['compute_us'])}, waiting at "
+               f"{b['device_changes']:,} device changes {share(b['transfer_wait_us'])}, mean {fmt_us(mean)}")
+    if b["start_us"] > 0 or b["other_gap_us"] > 0:
+        click.echo(f"  before it starts {fmt_us(b['start_us'])}, other gaps {fmt_us(b['other_gap_us'])}")
+    click.echo("  computing on it: " + ", ".join(f"{d} {fmt_us(us)}" for d, us in b["compute_by_device_us"].items()))
+    if b["waits"]:
+        click.echo("  longest waits (wait, link, bytes, when, producer -> consumer):")
+    for w in b["waits"]:
+        click.echo(f"    {fmt_us(w['wait_us']):>11}  {w['from_device']} -> {w['to_device']}  {w['bytes']:>13,} B  "
+                   f"at {fmt_us(w['at_us'])}  {w['from_op']} -> {w['to_op']}")

@@ -130,9 +130,11 @@ def _inputs(g):
 
 
 class CriticalPath:
-    """The critical path of one simulated placement: ``ops`` (bool per op), ``groups``
-    (critical groups in path order, earliest first), ``comm`` ((producer group,
-    consumer group) pairs of the transfers on it) and per-device busy time."""
+    """The critical path of one simulated placement: ``ops`` (bool per op),
+    ``path_ops`` (its ops in the order they started), ``groups`` (critical groups in
+    path order, earliest first), ``comm`` ((producer group, consumer group) pairs of the
+    transfers on it, ``comm_ops`` the same as ops), per-device busy time and the
+    simulation's ``trace`` (None for an invalid placement)."""
 
     def __init__(self, cost_model, assignment):
         g = cost_model.graph
@@ -153,8 +155,13 @@ class CriticalPath:
         else:
             nc = 0
         self.ops = on
+        self.trace = tr
         path_ops = np.flatnonzero(on)
         order = path_ops[np.argsort(tr.op_start[path_ops], kind="stable")] if len(path_ops) else path_ops
+        #: the path's ops in the order they started
+        self.path_ops = order
+        #: (producer op, consumer op) of each transfer on the path
+        self.comm_ops = np.stack([comm_s[:nc], comm_d[:nc]], axis=1)
         grp = g.group[order]
         # groups in path order, each once (its first appearance)
         _, first = np.unique(grp, return_index=True)
@@ -177,6 +184,47 @@ class CriticalPath:
         np.subtract.at(busy, old, group_time[groups, old])
         np.add.at(busy, new, group_time[groups, new])
         self.busy_us = busy
+
+
+def path_breakdown(cost_model, placement, top: int = 10) -> dict:
+    """Where the simulated critical path of ``placement`` (per op or per group) spends
+    the step, in µs: computing, waiting where it changes device (a transfer and its place
+    in the link's queue) and any other gap, with the computing per device and the
+    ``top`` longest waits (producer and consumer op, their devices, the bytes between
+    them, when the wait began). ``start_us + compute_us + transfer_wait_us +
+    other_gap_us`` is the step time.
+
+    >>> from placetool.costmodel import CostModel, presets
+    >>> cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x4"))
+    >>> b = path_breakdown(cm, cm.single_device("gpu:0"))
+    >>> b["device_changes"], b["transfer_wait_us"], round(b["compute_us"]) == round(b["step_time_us"])
+    (0, 0.0, True)
+    """
+    cp = CriticalPath(cost_model, placement)
+    tr = cp.trace
+    if tr is None:
+        raise ValueError("no critical path: the placement is invalid")
+    g, names = cost_model.graph, cost_model.cluster.names
+    order = cp.path_ops
+    dev = tr.placement[order]
+    comp = tr.op_end[order] - tr.op_start[order]
+    gaps = tr.op_start[order[1:]] - tr.op_end[order[:-1]]
+    cross = dev[1:] != dev[:-1]
+    by_dev = np.bincount(dev, weights=comp, minlength=cost_model.n_devices)
+    waits = []
+    for k in np.flatnonzero(cross)[np.argsort(-gaps[cross], kind="stable")][:top]:
+        u, v = int(order[k]), int(order[k + 1])
+        ins = g.csr.in_tensor[g.csr.in_ptr[v]:g.csr.in_ptr[v + 1]]
+        sent = ins[g.tensor_op[ins] == u]
+        waits.append({"wait_us": float(gaps[k]), "from_op": g.names[u], "to_op": g.names[v],
+                      "from_device": names[dev[k]], "to_device": names[dev[k + 1]],
+                      "bytes": int(g.tensor_bytes[sent].max(initial=0)), "at_us": float(tr.op_end[u])})
+    return {"step_time_us": float(cp.step_time_us), "path_ops": int(len(order)),
+            "start_us": float(tr.op_start[order[0]]) if len(order) else 0.0,
+            "compute_us": float(comp.sum()), "device_changes": int(cross.sum()),
+            "transfer_wait_us": float(gaps[cross].sum()), "other_gap_us": float(gaps[~cross].sum()),
+            "compute_by_device_us": {names[d]: float(by_dev[d]) for d in range(len(names)) if by_dev[d] > 0},
+            "waits": waits}
 
 
 class CriticalMoves:
