@@ -133,8 +133,8 @@ class CriticalPath:
     """The critical path of one simulated placement: ``ops`` (bool per op),
     ``path_ops`` (its ops in the order they started), ``groups`` (critical groups in
     path order, earliest first), ``comm`` ((producer group, consumer group) pairs of the
-    transfers on it, ``comm_ops`` the same as ops), per-device busy time and the
-    simulation's ``trace`` (None for an invalid placement)."""
+    transfers on it), per-device busy time and the simulation's ``trace`` (None for an
+    invalid placement)."""
 
     def __init__(self, cost_model, assignment):
         g = cost_model.graph
@@ -160,8 +160,6 @@ class CriticalPath:
         order = path_ops[np.argsort(tr.op_start[path_ops], kind="stable")] if len(path_ops) else path_ops
         #: the path's ops in the order they started
         self.path_ops = order
-        #: (producer op, consumer op) of each transfer on the path
-        self.comm_ops = np.stack([comm_s[:nc], comm_d[:nc]], axis=1)
         grp = g.group[order]
         # groups in path order, each once (its first appearance)
         _, first = np.unique(grp, return_index=True)
