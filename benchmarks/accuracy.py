@@ -368,7 +368,7 @@ def replay_placement(t, p, spec, steps: int, workers=None, profile=None) -> dict
         out["replay_workers_error_pct"] = TL.replay(rec, k, cluster=workers.cluster, links=TL.WORKERS)["error_pct"]
         from placetool.costmodel.workers_fit import op_inflation, steps_of
 
-        dispatch = [profile.dispatch_us.get(d.kind, 0.0) for d in workers.cluster.devices]
+        dispatch = profile.dispatch_per_device(workers.cluster)
         out["op_inflation"] = op_inflation(steps_of(rec, [k]), workers.T, dispatch)
     return out
 

@@ -196,6 +196,11 @@ class Profile:
             self.fits[kind] = fits
 
     # --------------------------------------------------------------- use
+    def dispatch_per_device(self, cluster) -> np.ndarray:
+        """µs the profile adds to every op on each device of ``cluster`` (its kind's
+        dispatch cost, 0 where none was measured): what a trace of an op does not show."""
+        return np.array([float(self.dispatch_us.get(k, 0.0)) for k in cluster.kinds])
+
     def op_times(self, graph, cluster) -> np.ndarray:
         """(ops x devices) µs: measured, else fitted; NaN where the profile knows nothing."""
         T = np.full((graph.n_ops, cluster.n_devices), np.nan)

@@ -101,6 +101,7 @@ def test_profile_measured_then_fit_then_nan_and_round_trip(tmp_path):
     p.dispatch_us = {"cpu": 0.5}
     T = p.op_times(g, cl)
     assert T[:, 0].tolist() == [10.5, 2.0, 30.5, 2.5]
+    assert p.dispatch_per_device(cl).tolist() == [0.5 if k == "cpu" else 0.0 for k in cl.kinds]
     path = tmp_path / "p.json"
     p.save(path)
     q = load_profile(path)

@@ -408,8 +408,7 @@ def identify_worker_costs(traced_list, spec: ClusterSpec, cluster: Cluster, prof
         rsteps += mine
         if profile is not None:
             cm = CostModel(g, cluster, profile=profile)
-            dispatch = np.array([profile.dispatch_us.get(d.kind, 0.0) for d in cluster.devices])
-            base = np.maximum(cm.T - dispatch[None, :], 0.0)
+            base = np.maximum(cm.T - profile.dispatch_per_device(cluster)[None, :], 0.0)
             profiled += [base[np.arange(g.n_ops), s.placement] for s in mine]
             weighted.append((op_inflation(mine, base), len(mine)))
     log(f"identifying the per-message costs from {len(rsteps)} traced steps ...")
