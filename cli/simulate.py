@@ -114,7 +114,7 @@ def simulate(graph, cluster, placement, profile, as_json, trace_path, plot_path,
     if critical:
         from placetool.search.critical import path_breakdown
 
-        out["critical_path"] = path_breakdown(cm, p, top=CRITICAL_TOP)
+        out["critical_path"] = path_breakdown(cm, p, top=CRITICAL_TOP, result=r)
     if as_json:
         emit_json(out)
         return

@@ -119,6 +119,7 @@ def message_inflation(steps: list[ReplayStep], profiled_us: list, n_devices: int
 
     A replay runs on the traced op times, so the costs it identifies leave out what the
     message work took from inside the ops; a prediction on profiled op times needs both."""
+    from .cluster import TRANSFER_COST_KEYS
     from .commfit import transfer_cost_regression, transfer_counts
 
     X, y = [], []
@@ -130,7 +131,7 @@ def message_inflation(steps: list[ReplayStep], profiled_us: list, n_devices: int
                 X.append(c[d])
                 y.append(float(np.sum(s.op_us[ops] - np.asarray(prof)[ops])))
     if not X or not np.any(X):
-        return {"send_us": 0.0, "send_us_per_byte": 0.0, "recv_us": 0.0, "recv_us_per_byte": 0.0}
+        return dict.fromkeys(TRANSFER_COST_KEYS, 0.0)
     return transfer_cost_regression(X, y)[0]
 
 

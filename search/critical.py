@@ -133,13 +133,13 @@ class CriticalPath:
     """The critical path of one simulated placement: ``ops`` (bool per op),
     ``path_ops`` (its ops in the order they started), ``groups`` (critical groups in
     path order, earliest first), ``comm`` ((producer group, consumer group) pairs of the
-    transfers on it), per-device busy time and the simulation's ``trace`` (None for an
-    invalid placement)."""
+    transfers on it) and per-device busy time. ``result``: the placement's traced
+    :class:`~placetool.costmodel.simulate.SimResult`, where the caller has it already."""
 
-    def __init__(self, cost_model, assignment):
+    def __init__(self, cost_model, assignment, result=None):
         g = cost_model.graph
         D = cost_model.n_devices
-        r = cost_model.simulate(np.asarray(assignment, np.int32), trace=True)
+        r = result if result is not None else cost_model.simulate(np.asarray(assignment, np.int32), trace=True)
         tr = r.trace
         self.step_time_us = r.step_time_us
         self.busy_us = r.busy_us
@@ -155,7 +155,6 @@ class CriticalPath:
         else:
             nc = 0
         self.ops = on
-        self.trace = tr
         path_ops = np.flatnonzero(on)
         order = path_ops[np.argsort(tr.op_start[path_ops], kind="stable")] if len(path_ops) else path_ops
         #: the path's ops in the order they started
@@ -184,13 +183,14 @@ class CriticalPath:
         self.busy_us = busy
 
 
-def path_breakdown(cost_model, placement, top: int = 10) -> dict:
+def path_breakdown(cost_model, placement, top: int = 10, result=None) -> dict:
     """Where the simulated critical path of ``placement`` (per op or per group) spends
     the step, in µs: computing, waiting where it changes device (a transfer and its place
     in the link's queue) and any other gap, with the computing per device and the
     ``top`` longest waits (producer and consumer op, their devices, the bytes between
     them, when the wait began). ``start_us + compute_us + transfer_wait_us +
-    other_gap_us`` is the step time.
+    other_gap_us`` is the step time. ``result``: the placement's traced
+    :class:`~placetool.costmodel.simulate.SimResult`, where the caller has it already.
 
     >>> from placetool.costmodel import CostModel, presets
     >>> cm = CostModel(presets.load_graph("synthetic-1k"), presets.load_cluster("k80x4"))
@@ -198,10 +198,11 @@ def path_breakdown(cost_model, placement, top: int = 10) -> dict:
     >>> b["device_changes"], b["transfer_wait_us"], round(b["compute_us"]) == round(b["step_time_us"])
     (0, 0.0, True)
     """
-    cp = CriticalPath(cost_model, placement)
-    tr = cp.trace
+    r = result if result is not None else cost_model.simulate(np.asarray(placement, np.int32), trace=True)
+    tr = r.trace
     if tr is None:
         raise ValueError("no critical path: the placement is invalid")
+    cp = CriticalPath(cost_model, placement, r)
     g, names = cost_model.graph, cost_model.cluster.names
     order = cp.path_ops
     dev = tr.placement[order]
