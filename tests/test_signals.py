@@ -84,6 +84,33 @@ def test_sweep_pool_leaves_no_orphans(tmp_path, start, sig):
         assert err.strip().splitlines()[-1] == "placetool: terminated", err
 
 
+POOL_WORKER_DIES = """
+import os
+from concurrent.futures import ProcessPoolExecutor
+from placetool.search.sweeps import sweep
+
+def die(_):
+    os._exit(3)  # as SIGKILL would: no handler, no finalizer
+
+if __name__ == "__main__":
+    with ProcessPoolExecutor(1, mp_context=sweep._mp_context(), initializer=sweep._init_worker,
+                             initargs=(1, os.getpid())) as pool:
+        try:
+            pool.submit(die, 0).result()
+        except Exception as e:
+            print(type(e).__name__)
+"""
+
+
+def test_a_killed_pool_worker_leaves_nothing_for_the_resource_tracker(tmp_path):
+    """A sweep worker that dies without cleaning up (killed after SIGTERM's grace, a crash)
+    held no named semaphore: no "leaked semaphore" warning follows the driver's last line."""
+    (tmp_path / "dies.py").write_text(POOL_WORKER_DIES)
+    r = subprocess.run([sys.executable, "dies.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "BrokenProcessPool", r.stderr
+    assert "leaked" not in r.stderr and "resource_tracker" not in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["INT", "TERM"])
 def test_interrupted_search_keeps_the_best_so_far(tmp_path, sig, code):
     """Ctrl-C or SIGTERM during `search`: the best placement found so far is written and

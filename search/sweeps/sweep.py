@@ -244,17 +244,27 @@ def exit_with(pid: int) -> None:
     threading.Thread(target=watch, name="exit-with-driver", daemon=True).start()
 
 
-    try:  # a zombie has ended
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
+def _process_local_numba_init_lock() -> None:
+    """Give numba's threading-layer start a lock of this process only.
+
+    Under forkserver numba takes a multiprocessing RLock: a named semaphore registered
+    with the driver's resource tracker. A worker killed mid-run (SIGKILL, after SIGTERM's
+    grace, or a crash) cannot unregister it, and the tracker then prints "leaked semaphore"
+    warnings after the driver's last line. A pool worker starts no processes of its own,
+    so a threading lock guards numba's start as well here.
+    """
+    try:
+        from numba.np.ufunc import parallel
+    except ImportError:
+        return
+    if getattr(parallel, "_backend_init_process_lock", False) is None:  # numba not started yet
+        parallel._backend_init_process_lock = threading.RLock()
 
 
 def _worker_term(signum, frame) -> None:
-    """A pool worker told to stop: release what this process registered with the
-    multiprocessing resource tracker (numba's init lock), then exit at once. (SystemExit
-    would be caught by the pool's task loop and sent back as the task's result.)"""
+    """A pool worker told to stop: run this process's multiprocessing finalizers (whatever
+    it registered with the resource tracker), then exit at once. (SystemExit would be
+    caught by the pool's task loop and sent back as the task's result.)"""
     import multiprocessing.util as mpu
 
     try:
@@ -269,6 +279,7 @@ def _init_worker(threads: int | None, driver: int | None = None) -> None:
     if driver:
         exit_with(driver)
     signal.signal(signal.SIGTERM, _worker_term)
+    _process_local_numba_init_lock()
     if threads:
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[var] = str(threads)
