@@ -38,13 +38,17 @@ feasible one. Seeds that are out of memory but faster than every feasible one ar
 fitted into memory (:func:`placetool.search.memory.fit_memory`) and join the seeds as
 ``NAME (fitted)``.
 
-On problems of :data:`CYCLE_MIN_GROUPS` groups or more under a seconds budget, sa first
-runs ``cycles`` V-cycles from the seeds' best (:mod:`placetool.search.vcycle`: annealing
-on clusters of groups that keep the best placement, one per 15 s of budget, in
-:data:`CYCLE_SHARE` of what the seeds left; ``metadata["levels"]``), then anneals on the
-groups from their best. There a move of one group changes too little: on nmt/k80x4 sa's
-minute on the groups alone stays at 160-168 ms, with the cycles first it ends at
-143.9-149.4 (transformer, whose cycles gain little, loses 1-1.5%).
+On problems of :data:`CYCLE_MIN_GROUPS` groups or more under a seconds budget, sa may
+first run V-cycles from the seeds' best (:mod:`placetool.search.vcycle`: annealing on
+clusters of groups that keep the best placement; ``metadata["levels"]``), then anneal on
+the groups from their best. On some such graphs a move of one group changes too little:
+on nmt/k80x4 sa's minute on the groups alone stays at 160-168 ms, with cycles first it
+ends at 143.9-149.4. On others the cycles only take time from the groups (xception,
+mobilenet_v2, transformer). So by default a short cycle races as long an annealing on
+the groups (:func:`~placetool.search.vcycle.race`, each :data:`RACE_SHARE` of what the
+seeds left, at most :data:`RACE_SECONDS`; ``metadata["race"]``), and only where the
+cycle wins do the cycles run on: one per 15 s of budget, in :data:`CYCLE_SHARE` of what
+is left. ``cycles=N`` runs N cycles without a race.
 """
 
 from __future__ import annotations
@@ -69,6 +73,12 @@ CYCLE_MIN_GROUPS = 2000
 #: the share of the budget left after the seeds that sa's V-cycles take; annealing on
 #: the groups from their best takes the rest
 CYCLE_SHARE = 0.8
+#: the share of the budget left after the seeds that each side of the race between a
+#: V-cycle and annealing on the groups takes (sa's default on large problems), up to
+#: RACE_SECONDS: races of 1.5 s named the winner on 7 graphs of 7, one of 5.5 s on
+#: nmt/k80x4 went to the groups (the groups catch up with one cycle, not with four)
+RACE_SHARE = 0.1
+RACE_SECONDS = 1.5
 
 #: how ``sa`` scores neighbours (see :class:`_Scorer`): ``auto`` times both engines as it goes
 MODES = ("auto", "incremental", "batch")
@@ -260,18 +270,31 @@ def _default_cycles(problem, budget, start) -> int:
     return int(budget.seconds // CYCLE_SECONDS)
 
 
-def _after_vcycles(problem, budget, seed, tracker, cycles, batch, seeds_, meta) -> list:
+def _after_vcycles(problem, budget, seed, tracker, cycles, batch, seeds_, meta, race: bool = False) -> list:
     """Run ``cycles`` V-cycles from the seeds' best in :data:`CYCLE_SHARE` of what is
-    left of the budget (``metadata["levels"]``); returns the seeds with the tracker's
+    left of the budget (``metadata["levels"]``), with ``race`` only if a first cycle beats
+    annealing on the groups (``metadata["race"]``); returns the seeds with the tracker's
     best among them, in order of objective, if it is new."""
-    from .vcycle import vcycles  # it anneals on its clusters with this module's anneal
+    from .vcycle import race as race_cycle, vcycles  # they anneal with this module's anneal
 
-    if budget.seconds:
-        left = max(0.0, 1.0 - tracker.seconds / budget.seconds)
-    else:
-        left = max(0.0, 1.0 - tracker.evaluations / budget.evals)
-    meta["levels"] = vcycles(problem, budget, seed, tracker, cycles, CYCLE_SHARE * left,
-                             sa_options={"batch": batch})
+    def left():
+        if budget.seconds:
+            return max(0.0, 1.0 - tracker.seconds / budget.seconds)
+        return max(0.0, 1.0 - tracker.evaluations / budget.evals)
+
+    rows, first = [], 0
+    if race:
+        share = min(RACE_SHARE * left(), RACE_SECONDS / budget.seconds)
+        got = race_cycle(problem, budget, seed, tracker, share, sa_options={"batch": batch})
+        row = got.pop("row")
+        rows, first = ([row], 1) if row is not None else ([], 0)
+        meta["race"] = got
+        if got["won"] != "v-cycles":
+            cycles = 0
+    if cycles > 0 and not tracker.done():
+        rows += vcycles(problem, budget, seed, tracker, cycles, CYCLE_SHARE * left(),
+                        sa_options={"batch": batch}, first=first)
+    meta["levels"] = rows
     best = tracker.best_assignment
     if best is None or any(np.array_equal(best, a) for _, _, a in seeds_):
         return seeds_
@@ -458,7 +481,8 @@ class _Walk:
 
 
 @register("sa", summary="Simulated annealing with moves aimed at the simulated critical path, from the seeding "
-                       "methods' best placement (on 2,000 groups or more, after V-cycles on clusters of groups)")
+                       "methods' best placement (on 2,000 groups or more, after V-cycles on clusters of groups "
+                       "where a race says they pay)")
 def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = "auto", batch: Count | None = None,
            guided: Share = 0.7, swap: Share = 0.1, accept_start: Share = 0.05, accept_end: Share = 0.001,
            window: Count = 50, patience: Count | None = None, seeds: Seeds | None = None,
@@ -490,9 +514,10 @@ def anneal(problem, budget, seed, tracker, moves: str = "critical", mode: str = 
             "accepted_by_kind": {}}
     if movable.size == 0 or not seeds_:
         return meta
+    race = cycles is None
     cycles = _default_cycles(problem, budget, start) if cycles is None else int(cycles)
     if cycles > 0 and not tracker.done():
-        seeds_ = _after_vcycles(problem, budget, seed, tracker, cycles, batch, seeds_, meta)
+        seeds_ = _after_vcycles(problem, budget, seed, tracker, cycles, batch, seeds_, meta, race=race)
     patience = patience or max(64, 8 * movable.size)
     guide = CriticalMoves(problem, rng) if moves == "critical" else None
     kinds = _check_kinds(kinds)

@@ -8,7 +8,8 @@ cluster moves many groups at once, and the coarse graph simulates faster, so on 
 thousands of groups the cycle gets out of where annealing on the groups settles: on
 nmt/k80x4 sa's minute ends at 143.9-149.4 ms with four cycles first, at 160-168 on the
 groups alone. Each cycle draws its own clusters. ``multilevel`` runs them after its
-critical-path pulls, ``sa`` after its seeds on large graphs.
+critical-path pulls, ``sa`` after its seeds on large graphs, where :func:`race` first
+decides whether they pay.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ from .tracker import Budget, BudgetExhausted, Tracker
 #: little after 5-10 s, and other clusters (each cycle draws its own) get out of where
 #: it settled (60 s: 143.1-156.6 ms over 4 seeds with 4 cycles, 144.2-163.7 with one)
 CYCLE_SECONDS = 15.0
+#: how far ahead of a V-cycle annealing on the groups must end a race (a share of the
+#: start's step time) to stop the cycles: where the two ran close (inception_v3, 0.5-0.9
+#: points apart either way), the cycles won in the end, and where they did not, the
+#: groups led by 1.4 points or more (mobilenet_v2, xception)
+RACE_MARGIN = 0.01
 
 
 def coarse_budget(budget, tracker, share: float, fine_ops: int, coarse_ops: int):
@@ -109,17 +115,18 @@ def vcycle(problem, budget, seed, tracker, k, target, share, runs_per_cluster=4.
 
 
 def vcycles(problem, budget, seed, tracker, cycles: int, share: float, target: int | None = None,
-            runs_per_cluster: float = 4.0, sa_options=None, note=None) -> list[dict]:
+            runs_per_cluster: float = 4.0, sa_options=None, note=None, first: int = 0) -> list[dict]:
     """``cycles`` V-cycles from the tracker's best, sharing ``share`` of the budget, each
     of ``target`` clusters (default a tenth of the groups). Returns one row per cycle that
     ran: ``stage`` ("v-cycle K"), ``clusters``, ``coarse_ops``, coarse ``evaluations``,
     ``coarse_step_us``, ``coarse_feasible``, ``fine_step_us`` of its best projected back
     (None when it kept the start), ``build_seconds`` (clustering) and ``seconds``.
-    ``note(stage)`` is called after each."""
+    ``note(stage)`` is called after each; ``first`` cycles ran before (their numbers and
+    clusters are not drawn again)."""
     target = target or max(2, problem.n_groups // 10)
     each = share / max(int(cycles), 1)
     rows = []
-    for k in range(int(cycles)):
+    for k in range(int(first), int(first) + int(cycles)):
         if each <= 0:
             break
         row = vcycle(problem, budget, seed, tracker, k, target, each, runs_per_cluster, sa_options)
@@ -129,3 +136,44 @@ def vcycles(problem, budget, seed, tracker, cycles: int, share: float, target: i
         if note is not None:
             note(row["stage"])
     return rows
+
+
+def race(problem, budget, seed, tracker, share: float, sa_options=None) -> dict:
+    """Race one V-cycle against annealing on the groups, each for ``share`` of the seconds
+    budget and from the tracker's best, and say which placement came out faster.
+
+    Whether V-cycles pay depends on the graph, not on its size: at 15 s one cycle took
+    gnmt4/k80x4 7.4% and resnet50/k80x4 2.8% below annealing on the groups alone, and left
+    xception/k80x4 5.7% and mobilenet_v2/k80x4 3.3% above it. A race of 1.5 s each told
+    them apart on 8 graphs of 8 (benchmarks/README.md, "A race decides..."). Both runs count: the
+    cycle's best is scored as any cycle's, the annealing's evaluations and best are
+    recorded. The groups win only by :data:`RACE_MARGIN` of the start's step time or more.
+    Returns ``won`` ("v-cycles" or "groups"), ``start_us``, ``v-cycle_us`` and
+    ``groups_us`` (the best each found that fits; None: none), ``seconds`` each, and the
+    cycle's ``row`` (see :func:`vcycles`; None when it could not run).
+    """
+    start = tracker.best_assignment
+    kept = tracker.best_step_us if tracker.best_feasible else np.inf
+    rows = vcycles(problem, budget, seed, tracker, 1, share, sa_options=sa_options)
+    row = rows[0] if rows else None
+    cycle = kept
+    if row is not None and row["fine_step_us"] is not None and row.get("fine_feasible"):
+        cycle = min(cycle, row["fine_step_us"])
+    seconds = min(share * budget.seconds, tracker.seconds_left())
+    groups = kept
+    if start is not None and seconds > 0 and not tracker.done():
+        b = Budget(seconds=seconds)
+        probe = Tracker(problem, b)
+        try:
+            anneal(problem, b, seed, probe, start=start, cycles=0, **(sa_options or {}))
+        except BudgetExhausted:
+            pass
+        if probe.best_assignment is not None:
+            tracker.record(probe.best_assignment[None], [probe.best_step_us], [probe.best_feasible],
+                           count=probe.evaluations)
+            if probe.best_feasible:
+                groups = min(groups, probe.best_step_us)
+    ref = kept if kept < np.inf else min(cycle, groups)
+    won = "groups" if groups < cycle - RACE_MARGIN * ref else "v-cycles"
+    return {"won": won, "start_us": None if kept == np.inf else kept, "v-cycle_us": None if cycle == np.inf else cycle,
+            "groups_us": None if groups == np.inf else groups, "seconds": seconds, "row": row}

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from placetool.costmodel import CostModel, presets
-from placetool.search import Budget, Problem, annealing, run
+from placetool.search import Budget, Problem, annealing, run, vcycle
 from placetool.search.tracker import Tracker
-from placetool.search.vcycle import vcycles
+from placetool.search.vcycle import race, vcycles
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +50,49 @@ def test_vcycles_coarsen_and_improve_a_poor_start(p1k):
     assert tracker.best_step_us < 0.9 * first  # 15% below it with this seed
     assert tracker.best_step_us == min(r["fine_step_us"] for r in rows if r["fine_step_us"] is not None)
 
+
+
+def test_race_runs_both_sides_from_the_same_start_and_names_the_faster(p1k):
+    tracker = Tracker(p1k, Budget(seconds=30))
+    start = run("m-topo", p1k, Budget(evals=10), seed=0).assignment
+    first = float(tracker.evaluate(start).step_time_us[0])
+    got = race(p1k, Budget(seconds=30), 0, tracker, share=0.02)
+    lead = got["v-cycle_us"] - got["groups_us"]  # how far ahead the groups ended
+    assert got["start_us"] == first and got["won"] == ("groups" if lead > vcycle.RACE_MARGIN * first else "v-cycles")
+    assert got["row"]["stage"] == "v-cycle 1" and got["seconds"] == pytest.approx(0.6)
+    # both started from the seeds' best: neither is worse than it, and the tracker holds the faster
+    assert max(got["v-cycle_us"], got["groups_us"]) <= first
+    assert tracker.best_step_us == min(got["v-cycle_us"], got["groups_us"])
+    assert tracker.evaluations > 3  # the annealing's evaluations are counted, not only its best
+
+
+def test_sa_runs_cycles_on_only_where_the_race_went_to_them(p1k, monkeypatch):
+    monkeypatch.setattr(annealing, "CYCLE_MIN_GROUPS", p1k.n_groups)
+    monkeypatch.setattr(vcycle, "CYCLE_SECONDS", 1.0)  # 3 cycles in 3 s
+    for seed in (0, 1):
+        r = run("sa", p1k, Budget(seconds=3), seed=seed, seeds="m-topo")
+        race_ = r.metadata["race"]
+        stages = [row["stage"] for row in r.metadata["levels"]]
+        lead = race_["v-cycle_us"] - race_["groups_us"]
+        if race_["won"] == "v-cycles":
+            assert lead <= vcycle.RACE_MARGIN * race_["start_us"] and stages[:2] == ["v-cycle 1", "v-cycle 2"]
+        else:
+            assert lead > vcycle.RACE_MARGIN * race_["start_us"] and stages == ["v-cycle 1"]
+        assert r.step_time_us <= min(race_["v-cycle_us"], race_["groups_us"])
+    # a number of cycles asked for runs without a race
+    r = run("sa", p1k, Budget(seconds=3), seed=0, seeds="m-topo", cycles=2)
+    assert "race" not in r.metadata and len(r.metadata["levels"]) == 2
+
+
+def test_the_race_benchmark_prints_paired_ratios(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "vcycle_race.py"
+    spec = importlib.util.spec_from_file_location("vcycle_race", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--instances", "synthetic-1k/k80x2", "--seconds", "1", "--seeds", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "| synthetic-1k/k80x2 |" in out and "race / before, all runs: median" in out
+    assert "1 paired runs" in out  # synthetic-1k is too small for cycles: each variant is plain sa
