@@ -145,9 +145,10 @@ def race(problem, budget, seed, tracker, share: float, sa_options=None) -> dict:
     Whether V-cycles pay depends on the graph, not on its size: at 15 s one cycle took
     gnmt4/k80x4 7.4% and resnet50/k80x4 2.8% below annealing on the groups alone, and left
     xception/k80x4 5.7% and mobilenet_v2/k80x4 3.3% above it. A race of 1.5 s each told
-    them apart on 8 graphs of 8 (benchmarks/README.md, "A race decides..."). Both runs count: the
-    cycle's best is scored as any cycle's, the annealing's evaluations and best are
-    recorded. The groups win only by :data:`RACE_MARGIN` of the start's step time or more.
+    them apart on the 7 such graphs it was tried on (benchmarks/README.md, "A race
+    decides whether sa's V-cycles pay"). Both runs count: the cycle's best is scored as
+    any cycle's, the annealing's evaluations and best are recorded. The groups win only by
+    :data:`RACE_MARGIN` of the start's step time or more.
     Returns ``won`` ("v-cycles" or "groups"), ``start_us``, ``v-cycle_us`` and
     ``groups_us`` (the best each found that fits; None: none), ``seconds`` each, and the
     cycle's ``row`` (see :func:`vcycles`; None when it could not run).
