@@ -44,20 +44,26 @@ def coarse_budget(budget, tracker, share: float, fine_ops: int, coarse_ops: int)
     return Budget(evals=evals, seconds=seconds)
 
 
-def anneal_coarse(coarse, budget, seed, start, seeds, sa_options):
-    """sa on a coarse problem: (best coarse assignment or None, its step time, feasible,
-    evaluations)."""
-    tr = Tracker(coarse.problem, budget)
-    opts = dict(sa_options, cycles=0)  # no V-cycles within a V-cycle
+def anneal_apart(problem, budget, seed, start, seeds, sa_options):
+    """sa without V-cycles on its own tracker and clock (from ``start``, else from
+    ``seeds``): (best assignment or None, its step time, feasible, evaluations)."""
+    tr = Tracker(problem, budget)
+    opts = dict(sa_options or {}, cycles=0)  # no V-cycles within a V-cycle or a race
     if start is not None:
         opts["start"] = start
     else:
         opts["seeds"] = seeds
     try:
-        anneal(coarse.problem, budget, seed, tr, **opts)
+        anneal(problem, budget, seed, tr, **opts)
     except BudgetExhausted:
         pass
     return tr.best_assignment, tr.best_step_us, tr.best_feasible, tr.evaluations
+
+
+def anneal_coarse(coarse, budget, seed, start, seeds, sa_options):
+    """sa on a coarse problem: (best coarse assignment or None, its step time, feasible,
+    evaluations)."""
+    return anneal_apart(coarse.problem, budget, seed, start, seeds, sa_options)
 
 
 def score_fine(tracker, a):
@@ -163,17 +169,11 @@ def race(problem, budget, seed, tracker, share: float, sa_options=None) -> dict:
     seconds = min(share * budget.seconds, tracker.seconds_left())
     groups = kept
     if start is not None and seconds > 0 and not tracker.done():
-        b = Budget(seconds=seconds)
-        probe = Tracker(problem, b)
-        try:
-            anneal(problem, b, seed, probe, start=start, cycles=0, **(sa_options or {}))
-        except BudgetExhausted:
-            pass
-        if probe.best_assignment is not None:
-            tracker.record(probe.best_assignment[None], [probe.best_step_us], [probe.best_feasible],
-                           count=probe.evaluations)
-            if probe.best_feasible:
-                groups = min(groups, probe.best_step_us)
+        a, step, ok, n = anneal_apart(problem, Budget(seconds=seconds), seed, start, None, sa_options)
+        if a is not None:
+            tracker.record(a[None], [step], [ok], count=n)
+            if ok:
+                groups = min(groups, step)
     ref = kept if kept < np.inf else min(cycle, groups)
     won = "groups" if groups < cycle - RACE_MARGIN * ref else "v-cycles"
     return {"won": won, "start_us": None if kept == np.inf else kept, "v-cycle_us": None if cycle == np.inf else cycle,
