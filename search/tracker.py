@@ -177,6 +177,19 @@ class Tracker:
         self.record(A, r.step_time_us, r.feasible, r.peak_memory_bytes)
         return EvalResult(A, r.step_time_us, r.feasible, r.peak_memory_bytes)
 
+    def evaluate_traced(self, assignment):
+        """Score one assignment as :meth:`evaluate` does, with its trace: (EvalResult,
+        :class:`~placetool.costmodel.simulate.SimResult`). A search that traces the
+        critical path of what it keeps then needs no second simulation of it."""
+        a = np.asarray(assignment, dtype=np.int32)
+        if self.done() or self.remaining_evals() < 1:
+            raise BudgetExhausted
+        cm = self.problem.cost_model
+        s = cm.simulate(self.problem.placement(a), trace=True)
+        step, ok, peak = np.array([s.step_time_us]), np.array([s.feasible]), s.peak_memory_bytes[None, :]
+        self.record(a[None, :], step, ok, peak)
+        return EvalResult(a[None, :], step, ok, peak), s
+
     def record(self, A, step, feasible, peak=None, count: int | None = None) -> None:
         """Count evaluations scored elsewhere (e.g. by an incremental simulator);
         ``peak`` (B x devices bytes) lets seeding tell how far over memory a row is;
