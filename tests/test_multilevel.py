@@ -221,3 +221,20 @@ def test_pulls_that_keep_nothing_hand_the_budget_on(p1k):
     assert r.metadata["refine"]["seconds"] > 0 and r.evaluations <= 400  # the rest went on
     r = run("multilevel", p1k, Budget(evals=400), seed=0, pull_patience=None, **opts)
     assert not r.metadata["pulls"]["stalled"] and r.metadata["pulls"]["rounds"] > pulls["rounds"]
+
+
+def test_a_traced_evaluation_scores_and_counts_as_the_batch_does(p1k):
+    from placetool.search import BudgetExhausted, Tracker
+
+    rng = np.random.default_rng(0)
+    A = np.stack([p1k.random_assignment(rng) for _ in range(2)])
+    t = Tracker(p1k, Budget(evals=2))
+    r, s = t.evaluate_traced(A[0])
+    batch = p1k.cost_model.simulate_batch(A)
+    assert r.step_time_us[0] == s.step_time_us == batch.step_time_us[0] and s.trace is not None
+    assert r.feasible[0] == batch.feasible[0] and (r.peak_memory_bytes[0] == batch.peak_memory_bytes[0]).all()
+    assert t.evaluations == 1 and t.best_step_us == r.step_time_us[0]
+    t.evaluate(A[1])
+    with pytest.raises(BudgetExhausted):
+        t.evaluate_traced(A[0])
+    assert t.evaluations == 2
