@@ -44,10 +44,11 @@ def coarse_budget(budget, tracker, share: float, fine_ops: int, coarse_ops: int)
     return Budget(evals=evals, seconds=seconds)
 
 
-def anneal_apart(problem, budget, seed, start, seeds, sa_options):
+def anneal_apart(problem, budget, seed, start, seeds, sa_options, keep_top: int = 0) -> Tracker:
     """sa without V-cycles on its own tracker and clock (from ``start``, else from
-    ``seeds``): (best assignment or None, its step time, feasible, evaluations)."""
-    tr = Tracker(problem, budget)
+    ``seeds``); returns that tracker (its best, evaluations and, with ``keep_top``, the
+    best distinct placements it scored)."""
+    tr = Tracker(problem, budget, keep_top=keep_top)
     opts = dict(sa_options or {}, cycles=0)  # no V-cycles within a V-cycle or a race
     if start is not None:
         opts["start"] = start
@@ -57,13 +58,14 @@ def anneal_apart(problem, budget, seed, start, seeds, sa_options):
         anneal(problem, budget, seed, tr, **opts)
     except BudgetExhausted:
         pass
-    return tr.best_assignment, tr.best_step_us, tr.best_feasible, tr.evaluations
+    return tr
 
 
 def anneal_coarse(coarse, budget, seed, start, seeds, sa_options):
     """sa on a coarse problem: (best coarse assignment or None, its step time, feasible,
     evaluations)."""
-    return anneal_apart(coarse.problem, budget, seed, start, seeds, sa_options)
+    tr = anneal_apart(coarse.problem, budget, seed, start, seeds, sa_options)
+    return tr.best_assignment, tr.best_step_us, tr.best_feasible, tr.evaluations
 
 
 def score_fine(tracker, a):
@@ -153,7 +155,8 @@ def race(problem, budget, seed, tracker, share: float, sa_options=None) -> dict:
     xception/k80x4 5.7% and mobilenet_v2/k80x4 3.3% above it. A race of 1.5 s each told
     them apart on the 7 such graphs it was tried on (benchmarks/README.md, "A race
     decides whether sa's V-cycles pay"). Both runs count: the cycle's best is scored as
-    any cycle's, the annealing's evaluations and best are recorded. The groups win only by
+    any cycle's, the annealing's evaluations and best are recorded (its best few where the
+    tracker keeps them, ``keep_top``, for ``--verify-top``). The groups win only by
     :data:`RACE_MARGIN` of the start's step time or more.
     Returns ``won`` ("v-cycles" or "groups"), ``start_us``, ``v-cycle_us`` and
     ``groups_us`` (the best each found that fits; None: none), ``seconds`` each, and the
@@ -169,11 +172,15 @@ def race(problem, budget, seed, tracker, share: float, sa_options=None) -> dict:
     seconds = min(share * budget.seconds, tracker.seconds_left())
     groups = kept
     if start is not None and seconds > 0 and not tracker.done():
-        a, step, ok, n = anneal_apart(problem, Budget(seconds=seconds), seed, start, None, sa_options)
-        if a is not None:
-            tracker.record(a[None], [step], [ok], count=n)
-            if ok:
-                groups = min(groups, step)
+        tr = anneal_apart(problem, Budget(seconds=seconds), seed, start, None, sa_options, tracker.keep_top)
+        if tr.best_assignment is not None:
+            # its best, or the best few it saw where the caller keeps them for --verify-top,
+            # standing for every evaluation it made
+            top = tr.top or [(tr.best_step_us, tr.best_feasible, tr.best_assignment)]
+            tracker.record(np.stack([x[2] for x in top]), np.array([x[0] for x in top]),
+                           np.array([x[1] for x in top]), count=tr.evaluations)
+            if tr.best_feasible:
+                groups = min(groups, tr.best_step_us)
     ref = kept if kept < np.inf else min(cycle, groups)
     won = "groups" if groups < cycle - RACE_MARGIN * ref else "v-cycles"
     return {"won": won, "start_us": None if kept == np.inf else kept, "v-cycle_us": None if cycle == np.inf else cycle,

@@ -66,6 +66,19 @@ def test_race_runs_both_sides_from_the_same_start_and_names_the_faster(p1k):
     assert tracker.evaluations > 3  # the annealing's evaluations are counted, not only its best
 
 
+def test_the_race_hands_on_the_best_few_placements_it_saw_where_they_are_kept(p1k):
+    # --verify-top K measures the K best distinct placements: the race's annealing, on
+    # its own tracker, must not hand on its best alone
+    tracker = Tracker(p1k, Budget(seconds=30), keep_top=6)
+    start = run("m-topo", p1k, Budget(evals=10), seed=0).assignment
+    tracker.evaluate(start)
+    got = race(p1k, Budget(seconds=30), 0, tracker, share=0.02)
+    steps = [t[0] for t in tracker.top]
+    assert len(tracker.top) == 6 and steps == sorted(steps) and all(t[1] for t in tracker.top)
+    assert len({t[2].tobytes() for t in tracker.top}) == 6
+    assert steps[0] == tracker.best_step_us == min(got["v-cycle_us"], got["groups_us"])
+
+
 def test_sa_runs_cycles_on_only_where_the_race_went_to_them(p1k, monkeypatch):
     monkeypatch.setattr(annealing, "CYCLE_MIN_GROUPS", p1k.n_groups)
     monkeypatch.setattr(vcycle, "CYCLE_SECONDS", 1.0)  # 3 cycles in 3 s
