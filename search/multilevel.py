@@ -368,7 +368,8 @@ def multilevel(problem, budget, seed, tracker, seeds: str | None = "dispatch", s
     skip them and start from the coarse pass); rounds of critical-path pulls take
     ``pull_share`` of what is left, or end after ``pull_patience`` rounds in a row that
     keep nothing; ``cycles`` V-cycles (default one per :data:`CYCLE_SECONDS` of a seconds
-    budget, at least one) of ``cycle_clusters`` clusters (default a tenth of the groups) share the rest but
+    budget, at least one) of ``cycle_clusters`` clusters (default a tenth of the groups; a target: matching
+    stops where it stalls, on gnmt8/k40x8 at 8,100-8,600 clusters whatever the target) share the rest but
     ``refine_share`` of the budget, which the fine sa takes; ``clusters`` gives the
     coarse pass's levels, finest first (``--option clusters=3000,600``),
     ``coarse_seeds`` its seeding methods;
