@@ -44,8 +44,9 @@ EPOCH_SECONDS = 10.0
 
 
 def _island(problem, start, seed: int, evals: int | None, seconds: float | None, threads: int | None,
-            options: dict) -> dict:
-    """One island's epoch on a worker: ``sa`` from ``start`` (None: from its seeds)."""
+            options: dict, keep_top: int = 0) -> dict:
+    """One island's epoch on a worker: ``sa`` from ``start`` (None: from its seeds); with
+    ``keep_top``, the best distinct placements it scored come back too (``top``)."""
     from .registry import run
     from .tracker import Budget
 
@@ -56,9 +57,10 @@ def _island(problem, start, seed: int, evals: int | None, seconds: float | None,
     opts = dict(options)
     if start is not None:
         opts["start"] = np.asarray(start, np.int32)
-    r = run("sa", problem, Budget(evals=evals, seconds=seconds), seed=seed, **opts)
+    r = run("sa", problem, Budget(evals=evals, seconds=seconds), seed=seed, keep_top=keep_top, **opts)
     return {"assignment": np.asarray(r.assignment, np.int32), "step_time_us": float(r.step_time_us),
-            "feasible": bool(r.feasible), "evaluations": int(r.evaluations), "seconds": float(r.seconds)}
+            "feasible": bool(r.feasible), "evaluations": int(r.evaluations), "seconds": float(r.seconds),
+            "top": [(float(t), bool(f), np.asarray(a, np.int32)) for t, f, a in r.top]}
 
 
 @register("islands", summary="Annealing islands on a Dask cluster that share their best placements "
@@ -119,7 +121,8 @@ def _search(problem, budget, seed, tracker, client, epochs, grace, sa_options, l
         start = tracker.best_assignment  # the best of all islands so far (the tracker keeps it)
         t0 = time.perf_counter()
         futs = [client.submit(_island, data, start, seed * 1_000_003 + e * 1009 + i, evals, seconds,
-                              threads[a], sa_options, workers=[a], allow_other_workers=True, pure=False)
+                              threads[a], sa_options, tracker.keep_top, workers=[a], allow_other_workers=True,
+                              pure=False)
                 for i, a in enumerate(addrs)]
         # an island rerun after its worker died needs most of an epoch more, but never
         # past the search's own budget
@@ -157,5 +160,8 @@ def _search(problem, budget, seed, tracker, client, epochs, grace, sa_options, l
 
 
 def _record(tracker, r: dict) -> None:
-    """Count an island's evaluations and offer its best to the tracker."""
-    tracker.record(r["assignment"][None, :], [r["step_time_us"]], [r["feasible"]], count=r["evaluations"])
+    """Count an island's evaluations and offer its best to the tracker (its best few where
+    the tracker keeps them for ``--verify-top``)."""
+    top = r.get("top") or [(r["step_time_us"], r["feasible"], r["assignment"])]
+    tracker.record(np.stack([t[2] for t in top]), np.array([t[0] for t in top]), np.array([t[1] for t in top]),
+                   count=r["evaluations"])

@@ -53,6 +53,15 @@ def test_islands_share_the_best_and_count_every_evaluation(client, problem):
     assert r.feasible
 
 
+def test_islands_hand_on_their_best_few_placements_where_they_are_kept(client, problem):
+    # --verify-top K measures the K best distinct placements the search scored, the
+    # islands' too, not only the best each island reported
+    r = run("islands", problem, Budget(evals=200), seed=5, client=client, epochs=1, keep_top=5)
+    steps = [t[0] for t in r.top]
+    assert len(r.top) == 5 and steps == sorted(steps) and steps[0] == r.step_time_us
+    assert len({t[2].tobytes() for t in r.top}) == 5 and r.evaluations <= 200
+
+
 def test_islands_are_reproducible_under_an_evaluation_budget(client, problem):
     a = run("islands", problem, Budget(evals=200), seed=5, client=client, epochs=2)
     b = run("islands", problem, Budget(evals=200), seed=5, client=client, epochs=2)
