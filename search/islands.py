@@ -162,6 +162,4 @@ def _search(problem, budget, seed, tracker, client, epochs, grace, sa_options, l
 def _record(tracker, r: dict) -> None:
     """Count an island's evaluations and offer its best to the tracker (its best few where
     the tracker keeps them for ``--verify-top``)."""
-    top = r.get("top") or [(r["step_time_us"], r["feasible"], r["assignment"])]
-    tracker.record(np.stack([t[2] for t in top]), np.array([t[0] for t in top]), np.array([t[1] for t in top]),
-                   count=r["evaluations"])
+    tracker.record_top(r.get("top") or [(r["step_time_us"], r["feasible"], r["assignment"])], r["evaluations"])

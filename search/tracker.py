@@ -182,7 +182,7 @@ class Tracker:
         :class:`~placetool.costmodel.simulate.SimResult`). A search that traces the
         critical path of what it keeps then needs no second simulation of it."""
         a = np.asarray(assignment, dtype=np.int32)
-        if self.done() or self.remaining_evals() < 1:
+        if self.done():
             raise BudgetExhausted
         cm = self.problem.cost_model
         s = cm.simulate(self.problem.placement(a), trace=True)
@@ -217,6 +217,14 @@ class Tracker:
                 self.history.append((self.evaluations - len(A) + i + 1, self.seconds, self.best_step_us))
         if self.progress is not None:
             self.progress(self.evaluations, self.seconds, self.best_step_us)
+
+    def record_top(self, top, count: int) -> None:
+        """Record what a search on its own tracker found, standing for its ``count``
+        evaluations: ``top``, its best distinct (step_us, feasible, assignment) rows (its
+        ``top``, or its best alone where it kept none), so that ``--verify-top`` here
+        sees them all."""
+        self.record(np.stack([t[2] for t in top]), np.array([t[0] for t in top]), np.array([t[1] for t in top]),
+                    count=count)
 
     def _keep_top(self, A, step, feasible) -> None:
         seen = {a.tobytes() for _, _, a in self.top}

@@ -176,9 +176,7 @@ def race(problem, budget, seed, tracker, share: float, sa_options=None) -> dict:
         if tr.best_assignment is not None:
             # its best, or the best few it saw where the caller keeps them for --verify-top,
             # standing for every evaluation it made
-            top = tr.top or [(tr.best_step_us, tr.best_feasible, tr.best_assignment)]
-            tracker.record(np.stack([x[2] for x in top]), np.array([x[0] for x in top]),
-                           np.array([x[1] for x in top]), count=tr.evaluations)
+            tracker.record_top(tr.top or [(tr.best_step_us, tr.best_feasible, tr.best_assignment)], tr.evaluations)
             if tr.best_feasible:
                 groups = min(groups, tr.best_step_us)
     ref = kept if kept < np.inf else min(cycle, groups)
