@@ -60,12 +60,16 @@ def baselines(problem, seed: int, log=None) -> list[tuple[str, str, np.ndarray]]
 
 def verify(g, cl, cm, profile_path, problem, result, k, testbed_n, cluster_spec, local, seed, quiet,
            rounds: int = 3, steps: int = 3, model=None, trust=False, extra=(), confirm_rounds: int = 5,
-           profile=None) -> tuple[dict, np.ndarray, float]:
+           profile=None, trace_sources=()) -> tuple[dict, np.ndarray, float]:
     """Measure the k best placements seen, the best single device and the best one-shot
     baseline (and ``extra`` (source, label, per-op placement) rows) in one interleaved
     run, and confirm a search placement picked so in a fresh run of ``confirm_rounds``
     paired rounds. Returns (JSON-ready summary, with ``placements_g`` the measured
-    per-op placements of ``g``; recommended placement of ``g``; its predicted µs)."""
+    per-op placements of ``g``; recommended placement of ``g``; its predicted µs).
+
+    The split placements of the sources in ``trace_sources`` are traced after the
+    measurements too (2 steps each), into ``recordings``: [(source, label,
+    :class:`~placetool.costmodel.timeline.Recording` of the graph that ran)]."""
     from placetool.costmodel.calibration import load_profile
     from placetool.costmodel.tf.importer import retrace
     from placetool.costmodel.tf.runner import remap_placement, verify_top
@@ -90,11 +94,21 @@ def verify(g, cl, cm, profile_path, problem, result, k, testbed_n, cluster_spec,
         + (f", {len(rows) - n_search - n_base} more" if len(rows) > n_search + n_base else "")
         + f"), {rounds} interleaved rounds of {steps} steps ...")
     spec = None if testbed_n else planned_spec(None, "cpu", cluster_spec, local)
+    seen, trace = set(), []
+    for i, (src, _, p) in enumerate(cands):
+        if src in trace_sources and len(np.unique(p)) > 1 and p.tobytes() not in seen:
+            seen.add(p.tobytes())
+            trace.append(i)
     out = verify_top(traced, rows, spec=spec, testbed=testbed_n or 0, rounds=rounds, steps=steps, log=log,
-                     confirm_rounds=confirm_rounds)
+                     confirm_rounds=confirm_rounds, trace=trace)
     rec = out["recommended"]
-    summary = {k2: v for k2, v in out.items() if k2 != "placements"}
+    summary = {k2: v for k2, v in out.items() if k2 not in ("placements", "traces")}
     summary["recommended_label"] = out["rows"][rec]["label"]
+    if trace:
+        from placetool.costmodel import timeline
+
+        summary["recordings"] = [(cands[i][0], cands[i][1], timeline.load(d, traced.graph))
+                                 for i, d in out["traces"].items()]
     summary["placements_g"] = [p for _, _, p in cands]
     return summary, cands[rec][2], out["rows"][rec]["predicted_us"]
 
@@ -137,31 +151,32 @@ def refine(g, cl, cm, profile_path, problem, result, k, rounds, rerun, testbed_n
            quiet, model=None, trust=False, diverse: int = 2) -> tuple[dict, np.ndarray, float, object, object]:
     """``--verify-top K --refine R``: hardware in the loop. Each round measures the K best
     placements of the last search, ``diverse`` random splits and the baselines side by
-    side (:func:`verify`'s run), adds every measured step to the fit's samples, refits the
-    transfer costs (:func:`placetool.costmodel.calibration.fit_transfer_costs`; the random
-    splits are held out of it, so each round says how well it predicts placements it was
-    not fitted on) and searches again with ``rerun(problem, start, round)`` from the best
+    side (:func:`verify`'s run), refits the transfer costs on every round's steps so far
+    and searches again with ``rerun(problem, start, round)`` from the best
     placement measured so far. It stops once the recommended placement's prediction lies
     within the noise floor of its measurement and no placement of the search has measured
     faster than it (:func:`settled`), or after R rounds; the answer is the placement
     measured fastest, confirmed as :func:`verify` confirms.
 
+    The refit follows the cluster's rule: under ``links.send`` "workers" the per-message
+    costs are identified again from traced steps of the measured placements
+    (:class:`_WorkerRefit`), otherwise the costs are fitted to the measured whole steps
+    (:class:`_StepRefit`). The random splits are held out of either, so each round says
+    how well it predicts placements it was not fitted on.
+
     Returns (JSON-ready summary, recommended per-op placement, its prediction, the refined
     profile or None, the refined cluster)."""
-    from dataclasses import replace
-
     import placetool.search as S
     from placetool.costmodel import CostModel
-    from placetool.costmodel.calibration import (StepSample, fit_transfer_costs, load_profile, unfitted_cluster,
-                                                 with_transfer_params)
+    from placetool.costmodel.calibration import load_profile
 
     from .hardware import _log
 
     log = _log(quiet)
     prof = load_profile(profile_path) if profile_path else None
     kinds = tuple(sorted(set(cl.kinds)))
-    base = unfitted_cluster(cl, prof, kinds)
-    samples, table, best = [], [], None
+    refit = _WorkerRefit(g, cl, prof, kinds) if cl.link_send == "workers" else _StepRefit(g, cl, prof, kinds)
+    table, best = [], None
     rng = np.random.default_rng(seed)
     cur_cl, cur_cm, cur_problem, cur_result = cl, cm, problem, result
     summary = None
@@ -179,11 +194,9 @@ def refine(g, cl, cm, profile_path, problem, result, k, rounds, rerun, testbed_n
         last = r == rounds - 1
         summary, rec_p, rec_pred = verify(g, cur_cl, cur_cm, profile_path, cur_problem, cur_result, k, testbed_n,
                                           cluster_spec, local, seed, quiet, model=model, trust=trust, extra=extra,
-                                          confirm_rounds=5 if last else 0, profile=prof)
+                                          confirm_rounds=5 if last else 0, profile=prof,
+                                          trace_sources=refit.trace_sources)
         rows = summary["rows"]
-        for row, p in zip(rows, summary["placements_g"]):
-            samples.append(StepSample(g, p, row["measured_us"], row["spread_pct"], row["label"],
-                                      held_out=row["source"] == "diverse"))
         rec = rows[summary["recommended"]]
         meas = [x["measured_us"] for x in rows]
         # the search's own best measured so far joins the next round (baselines are there anyway)
@@ -193,17 +206,13 @@ def refine(g, cl, cm, profile_path, problem, result, k, rounds, rerun, testbed_n
             best = (meas[i_best], summary["placements_g"][i_best],
                     best[2] if best is not None and label.startswith("best measured") else label)
         err = 100.0 * (rec["predicted_us"] - rec["measured_us"]) / rec["measured_us"]
-        fit = fit_transfer_costs(samples, base, prof, kinds=kinds)
-        fs = fit.summary()
-        cur_cl = replace(with_transfer_params(base, fit.params, kinds), name=cl.name)
+        cur_cl, fs = refit.add(summary, r + 1)
         table.append({"round": r + 1, "recommended": rec["label"], "predicted_us": rec["predicted_us"],
                       "measured_us": rec["measured_us"], "error_pct": err, "noise_floor_pct": summary["noise_floor_pct"],
-                      "samples": len(samples), "fit_median_abs_error_pct": fs["fit"]["median_abs_error_pct"],
-                      "held_out_median_abs_error_pct": fs["held_out"]["median_abs_error_pct"], "params": fs["params"]})
+                      **fs})
         log(f"  recommended {rec['label']}: predicted {rec['predicted_us'] / 1e3:.2f} ms, measured "
             f"{rec['measured_us'] / 1e3:.2f} ms ({err:+.1f}%, noise floor ±{summary['noise_floor_pct']:.1f}%); "
-            f"refit on {len(samples)} steps: held-out median |error| "
-            f"{fs['held_out']['median_abs_error_pct'] or 0:.1f}%")
+            f"{refit.says(fs)}")
         done = settled(err, summary["noise_floor_pct"], rec["measured_us"], best[0])
         if done or last:
             stopped = "prediction within the noise floor" if done else "rounds"
@@ -212,9 +221,113 @@ def refine(g, cl, cm, profile_path, problem, result, k, rounds, rerun, testbed_n
         cur_problem = S.Problem(cur_cm)
         cur_result = rerun(cur_problem, g.to_assignment(best[1]), r + 1)
     out = {**summary, "refine": {"rounds": table, "stopped": stopped, "best_measured_label": best[2],
-                                 "best_measured_us": best[0]}}
+                                 "best_measured_us": best[0], "rule": refit.rule}}
     out.pop("placements_g", None)
+    out.pop("recordings", None)
     if prof is not None:
-        prof.meta["transfer_fit"] = {**fit.summary(), "refined": f"--refine: {len(table)} rounds, {len(samples)} steps"}
+        refit.record(prof, len(table))
         prof.cluster_dict = cur_cl.to_dict()
     return out, rec_p, rec_pred, prof, cur_cl
+
+
+class _StepRefit:
+    """``--refine`` under the cluster's own rule: the transfer costs refitted to every
+    whole step measured so far (:func:`placetool.costmodel.calibration.fit_transfer_costs`),
+    the diverse splits held out of the fit."""
+
+    rule = "whole steps (fit_transfer_costs)"
+    trace_sources = ()
+
+    def __init__(self, g, cl, prof, kinds):
+        from placetool.costmodel.calibration import unfitted_cluster
+
+        self.g, self.cl, self.prof, self.kinds = g, cl, prof, kinds
+        self.base = unfitted_cluster(cl, prof, kinds)
+        self.samples, self.fit = [], None
+
+    def add(self, summary, round_no) -> tuple[object, dict]:
+        """Refit with one more round's measured steps: (the refitted cluster, its table fields)."""
+        from dataclasses import replace
+
+        from placetool.costmodel.calibration import StepSample, fit_transfer_costs, with_transfer_params
+
+        for row, p in zip(summary["rows"], summary["placements_g"]):
+            self.samples.append(StepSample(self.g, p, row["measured_us"], row["spread_pct"], row["label"],
+                                           held_out=row["source"] == "diverse"))
+        self.fit = fit_transfer_costs(self.samples, self.base, self.prof, kinds=self.kinds)
+        fs = self.fit.summary()
+        cl = replace(with_transfer_params(self.base, self.fit.params, self.kinds), name=self.cl.name)
+        return cl, {"samples": len(self.samples), "fit_median_abs_error_pct": fs["fit"]["median_abs_error_pct"],
+                    "held_out_median_abs_error_pct": fs["held_out"]["median_abs_error_pct"], "params": fs["params"]}
+
+    @staticmethod
+    def says(fs) -> str:
+        return (f"refit on {fs['samples']} steps: held-out median |error| "
+                f"{fs['held_out_median_abs_error_pct'] or 0:.1f}%")
+
+    def record(self, prof, n_rounds) -> None:
+        prof.meta["transfer_fit"] = {**self.fit.summary(),
+                                     "refined": f"--refine: {n_rounds} rounds, {len(self.samples)} steps"}
+
+
+class _WorkerRefit:
+    """``--refine`` under ``links.send`` "workers": the run queue's per-message costs
+    identified again from traced steps of the placements each round measured (the
+    search's and the best baseline's, every round's kept), as ``calibrate --link-send
+    workers`` identifies them from its designed splits
+    (:func:`placetool.costmodel.tf.calibrate.worker_costs_from_steps`): timelines, not
+    whole steps, so a latency is not traded against CPU at either end. The diverse
+    splits are not traced; their measured steps judge the costs."""
+
+    rule = "traced steps (workers)"
+    trace_sources = ("search", "baseline")
+
+    def __init__(self, g, cl, prof, kinds):
+        from placetool.costmodel.calibration import unfitted_cluster
+
+        self.g, self.cl, self.prof = g, cl, prof
+        self.links = unfitted_cluster(cl, prof, kinds)  # the lone transfers' latency and bandwidth
+        self.steps, self.found = [], None
+
+    def add(self, summary, round_no) -> tuple[object, dict]:
+        """Identify again with one more round's traced steps: (the cluster, its table fields)."""
+        from dataclasses import asdict, replace
+
+        from placetool.costmodel import CostModel
+        from placetool.costmodel.tf.calibrate import worker_costs_from_steps
+        from placetool.costmodel.workers import with_worker_costs
+        from placetool.costmodel.workers_fit import steps_of
+
+        for src, label, rec in summary["recordings"]:
+            self.steps += steps_of(rec, label=f"round {round_no} {label}")
+        if not self.steps:  # nothing split was measured yet: the costs stay
+            return self.cl, {"samples": 0, "fit_median_abs_error_pct": None,
+                             "held_out_median_abs_error_pct": None, "params": None}
+        self.found = worker_costs_from_steps([self.steps], self.links, self.prof)
+        cl = replace(with_worker_costs(self.links, self.found["costs"]), name=self.cl.name)
+        self.cl = cl
+        cm = CostModel(self.g, cl, profile=self.prof)
+        held = [abs(predicted_us(cm, self.prof, p) - row["measured_us"]) / row["measured_us"] * 100
+                for row, p in zip(summary["rows"], summary["placements_g"]) if row["source"] == "diverse"]
+        return cl, {"samples": len(self.steps),
+                    "fit_median_abs_error_pct": self.found["fit"].summary()["median_abs_error_pct"],
+                    "held_out_median_abs_error_pct": float(np.median(held)) if held else None,
+                    "params": asdict(self.found["costs"])}
+
+    @staticmethod
+    def says(fs) -> str:
+        if not fs["samples"]:
+            return "no split placement traced yet: the per-message costs stay"
+        return (f"costs identified again from {fs['samples']} traced steps (replayed within "
+                f"{fs['fit_median_abs_error_pct']:.1f}%, median): diverse splits predicted within "
+                f"{fs['held_out_median_abs_error_pct'] or 0:.1f}%")
+
+    def record(self, prof, n_rounds) -> None:
+        from dataclasses import asdict
+
+        if self.found is None:
+            return
+        prof.meta["worker_fit"] = {**prof.meta.get("worker_fit", {}), **self.found["fit"].summary(),
+                                   "replay_costs": asdict(self.found["fit"].costs),
+                                   "costs": asdict(self.found["costs"]), "message_inflation": self.found["inflation"],
+                                   "refined": f"--refine: {n_rounds} rounds, {len(self.steps)} traced steps"}

@@ -25,6 +25,12 @@ latency_us = 200.0
 bandwidth_bytes_per_us = 1000.0
 """
 
+#: the same two workers under TensorFlow's run queue (links.send "workers")
+CPU2_WORKERS = CPU2.replace("[links.default]", """[links]
+queue = "none"
+send = "workers"
+[links.default]""")
+
 MODEL = textwrap.dedent('''
     import keras
 
@@ -308,6 +314,44 @@ def test_refine_measures_refits_and_searches_again(tmp_path):
     if len(rounds) == 2:
         assert "best measured (" in " ".join(labels)  # the best so far is measured again in the next round
     # never recommended slower than the best baseline beyond the noise
+    rec = v["rows"][v["recommended"]]
+    base = min(x["measured_us"] for x in v["rows"] if x["source"] not in ("search", "diverse"))
+    assert rec["measured_us"] <= base * (1 + v["noise_floor_pct"] / 100)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_refine_under_the_workers_rule_identifies_costs_from_traced_steps(tmp_path):
+    """Under links.send "workers", --refine traces the measured split placements of the
+    search and the best baseline and identifies the per-message costs from those traced
+    steps (every round's kept); the diverse splits are not traced, and judge the costs."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "pt_user_towers.py").write_text(MODEL)
+    graph = tmp_path / "my.npz"
+    assert placetool("import", "pt_user_towers:two_towers", "--batch", "32", "--out", str(graph),
+                     cwd=models).returncode == 0
+    cluster = tmp_path / "cpu2.toml"
+    cluster.write_text(CPU2_WORKERS)
+    r = placetool("search", "-g", str(graph), "-c", str(cluster), "--method", "sa", "--budget-evals", "60",
+                  "--verify-top", "2", "--refine", "2", "--testbed", "2", "--json", "--trust-graph-source",
+                  cwd=models)
+    assert r.returncode == 0, r.stderr
+    v = json.loads(r.stdout)["verified"]
+    assert v["refine"]["rule"] == "traced steps (workers)" and "recordings" not in v
+    rounds = v["refine"]["rounds"]
+    # the last round traced 2 steps of each distinct split placement of the search and the baseline
+    split = [x for x in v["rows"] if x["source"] in ("search", "baseline") and len(x["devices_used"]) > 1
+             and "same_as" not in x]
+    before = rounds[-2]["samples"] if len(rounds) > 1 else 0
+    assert rounds[-1]["samples"] - before == 2 * len(split)
+    for t in rounds:
+        if t["samples"]:
+            assert set(t["params"]) == {"request_us", "handler_us", "send_us_per_byte", "arrive_us",
+                                        "recv_us_per_byte"}
+            assert t["fit_median_abs_error_pct"] >= 0 and t["held_out_median_abs_error_pct"] >= 0
+    n = [t["samples"] for t in rounds]
+    assert all(b >= a for a, b in zip(n, n[1:]))  # every round's traced steps are kept
     rec = v["rows"][v["recommended"]]
     base = min(x["measured_us"] for x in v["rows"] if x["source"] not in ("search", "diverse"))
     assert rec["measured_us"] <= base * (1 + v["noise_floor_pct"] / 100)

@@ -390,13 +390,12 @@ def identify_worker_costs(traced_list, spec: ClusterSpec, cluster: Cluster, prof
       ``op_inflation``, the traced ops' time over the profile's (time-weighted);
     - without: ``costs`` the replay's, ``inflation`` None, ``op_inflation`` NaN.
     """
-    from placetool.costmodel import CostModel, timeline
-    from placetool.costmodel.workers_fit import (fit_worker_costs, message_inflation, op_inflation, steps_of,
-                                                 with_inflation)
+    from placetool.costmodel import timeline
+    from placetool.costmodel.workers_fit import steps_of
 
     from .trace_capture import capture
 
-    rsteps, profiled, weighted = [], [], []
+    traced_steps = []
     for t in traced_list:
         g = t.graph
         designs = [(label, p) for label, p, _ in designed_splits(g, spec) if not label.startswith("single:")]
@@ -405,16 +404,29 @@ def identify_worker_costs(traced_list, spec: ClusterSpec, cluster: Cluster, prof
         for label, p in designs:
             rec = timeline.load(capture(t, p, spec, steps=steps, warmup=2, single_device=None, timeout_s=timeout_s), g)
             mine += steps_of(rec, label=f"{g.name} {label}")
-        rsteps += mine
-        if profile is not None:
-            cm = CostModel(g, cluster, profile=profile)
-            base = np.maximum(cm.T - profile.dispatch_per_device(cluster)[None, :], 0.0)
-            profiled += [base[np.arange(g.n_ops), s.placement] for s in mine]
-            weighted.append((op_inflation(mine, base), len(mine)))
-    log(f"identifying the per-message costs from {len(rsteps)} traced steps ...")
+        traced_steps.append(mine)
+    log(f"identifying the per-message costs from {sum(map(len, traced_steps))} traced steps ...")
+    return worker_costs_from_steps(traced_steps, cluster, profile)
+
+
+def worker_costs_from_steps(traced_steps, cluster: Cluster, profile: Profile | None = None) -> dict:
+    """The run queue's per-message costs identified from traced steps, on ``cluster``'s
+    links: ``traced_steps`` is one list of
+    :class:`~placetool.costmodel.workers_fit.ReplayStep` per graph. Returns
+    :func:`identify_worker_costs`'s dict."""
+    from placetool.costmodel import CostModel
+    from placetool.costmodel.workers_fit import fit_worker_costs, message_inflation, op_inflation, with_inflation
+
+    rsteps = [s for mine in traced_steps for s in mine]
     fit = fit_worker_costs(rsteps, cluster.latency_us, cluster.bandwidth_bytes_per_us)
     if profile is None:
         return {"fit": fit, "costs": fit.costs, "inflation": None, "op_inflation": float("nan")}
+    profiled, weighted = [], []
+    for mine in (m for m in traced_steps if m):
+        cm = CostModel(mine[0].graph, cluster, profile=profile)
+        base = np.maximum(cm.T - profile.dispatch_per_device(cluster)[None, :], 0.0)
+        profiled += [base[np.arange(cm.graph.n_ops), s.placement] for s in mine]
+        weighted.append((op_inflation(mine, base), len(mine)))
     infl = message_inflation(rsteps, profiled, cluster.n_devices)
     return {"fit": fit, "costs": with_inflation(fit.costs, infl), "inflation": infl,
             "op_inflation": float(np.average([x for x, _ in weighted], weights=[n for _, n in weighted]))}

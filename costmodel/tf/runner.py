@@ -484,7 +484,7 @@ def remap_placement(src_graph, placement, dst_graph) -> np.ndarray:
 
 def verify_top(traced, candidates, spec: ClusterSpec | None = None, testbed: int = 0,
                testbed_device: str = "cpu", rounds: int = 3, steps: int = 3, warmup: int = 2,
-               timeout_s: float = 120.0, log=None, confirm_rounds: int = 5) -> dict:
+               timeout_s: float = 120.0, log=None, confirm_rounds: int = 5, trace=(), trace_steps: int = 2) -> dict:
     """Measure search candidates beside the baselines and pick what hardware says is fastest.
 
     ``candidates``: dicts with ``label``, ``source`` (``"search"`` for a placement the
@@ -499,7 +499,10 @@ def verify_top(traced, candidates, spec: ClusterSpec | None = None, testbed: int
     recommended only if that run confirms it (:func:`confirm`); a baseline other than one
     device that ends up recommended is confirmed against one device the same way
     (``baseline_confirmation``), else one device is. ``confirm_rounds=0`` skips both.
-    Returns :func:`judge`'s account plus ``sentinel`` and the confirmations.
+    Returns :func:`judge`'s account plus ``sentinel`` and the confirmations; with
+    ``trace`` (candidate indices), ``traces`` too: for each, ``trace_steps`` FULL_TRACE
+    steps on the same devices after the measurements, as a timeline dict
+    (:func:`~placetool.costmodel.tf.trace_capture.capture`).
     """
     from .sentinel import measure_with_sentinel
 
@@ -555,6 +558,13 @@ def verify_top(traced, candidates, spec: ClusterSpec | None = None, testbed: int
             if not c["confirmed"]:
                 out["recommended"] = ref
                 out["message"] += f"; recommending {rows[ref]['label']}"
+        if trace:  # after every measurement, which the tracer's load must not touch
+            from .trace_capture import capture
+
+            if log:
+                log(f"tracing {trace_steps} steps of each of {len(trace)} placements ...")
+            out["traces"] = {i: capture(traced, P[i], sp, steps=trace_steps, warmup=2, single_device=None,
+                                        timeout_s=timeout_s) for i in trace}
         return out
 
     def fresh(sp, rows, win, against) -> dict:
