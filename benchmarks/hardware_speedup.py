@@ -55,10 +55,11 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-transfer", type=int, default=4 * 2 ** 20)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workers-rule", action="store_true",
-                    help="calibrate and search under links.send 'workers' (TensorFlow's run queue, "
-                         "costmodel/workers.py), its costs identified from the session's traced split steps as "
-                         "calibrate --link-send workers does")
+    ap.add_argument("--link-send", choices=["auto", "workers", "idle", "eager"], default="auto",
+                    help="calibrate --link-send: the cluster's links.send rule (auto: workers, TensorFlow's run "
+                         "queue, its costs identified from the session's traced split steps)")
+    ap.add_argument("--workers-rule", action="store_const", const="workers", dest="link_send",
+                    help=argparse.SUPPRESS)  # the dated commands in benchmarks/README.md
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     a.local = False
@@ -81,8 +82,7 @@ def main(argv=None) -> int:
             t = trace_graph(s, log)
             gpath, prof, ctoml, rec = (os.path.join(work, f"{k}.{x}") for x in ("npz", "json", "toml", "rec.json"))
             t.graph.save(gpath)
-            rule = {"link_queue": "none", "link_send": "workers"} if a.workers_rule else {}
-            profile, cl = calibrate_for(t, spec, a, log, **rule)
+            profile, cl = calibrate_for(t, spec, a, log, link_send=a.link_send)
             profile.save(prof)
             cl.save(ctoml)
             log(f"{s}: placetool search -m sa --budget-seconds {a.search_seconds:g} --verify-top 3 ...")
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
                                               if not label.startswith("recommended")), key=lambda m: m.step_us)
             recm = reps[-1]
             rows.append({
-                "graph": s, "ops": t.graph.n_ops,
+                "graph": s, "ops": t.graph.n_ops, "link_send": cl.link_send,
                 "measured": {label: m.to_dict() for label, m in meas.items()},
                 "predicted_us": {label: float(cm.simulate(p).step_time_us + profile.step_overhead(len(np.unique(p))))
                                  for label, p in cands},
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
             tb.stop()
     out = {"rows": rows, "devices": spec.tf_devices, "seconds": time.perf_counter() - t_start,
            "settings": {"search_seconds": a.search_seconds, "rounds": a.rounds, "steps": a.steps, "seed": a.seed,
-                        "workers_rule": a.workers_rule}}
+                        "link_send": a.link_send}}
     if a.json:
         print(json.dumps(out, indent=2))
         return 0

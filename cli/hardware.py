@@ -303,11 +303,12 @@ def testbed_status(state, as_json):
                    "processes (gRPC runs them side by side), one at a time on this process's own devices.")
 @click.option("--link-send", type=click.Choice(["auto", "eager", "idle", "aside", "workers"]), default="auto",
               show_default=True,
-              help="When does a tensor leave its device (links.send)? auto: idle between TF worker processes "
-                   "(a worker serves transfers only with no op of its own ready), eager on this process's "
-                   "own devices; aside: at once, the send cost paid on the device beside the wire; workers: "
-                   "as a TF worker's one compute thread serves it (its run queue, docs/simulator.md), its costs "
-                   "identified from traced split steps of this run (docs/hardware.md).")
+              help="When does a tensor leave its device (links.send)? auto: workers between TF worker "
+                   "processes, eager on this process's own devices. workers: as a TF worker's one compute "
+                   "thread serves it (its run queue, docs/simulator.md), its costs identified from traced split "
+                   "steps of this run (docs/hardware.md); idle: a worker serves transfers only with no op of "
+                   "its own ready, its costs fitted to whole steps; aside: at once, the send cost paid on the "
+                   "device beside the wire.")
 @quiet_option
 @json_option
 def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, testbed_device, cluster_spec,

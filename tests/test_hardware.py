@@ -261,6 +261,29 @@ def test_op_times_are_anchored_to_the_one_device_steps_measured_among_the_design
     assert any(s.label.startswith("single:") for s in samples) and isinstance(samples[0], StepSample)
 
 
+def test_refine_anchors_op_times_to_the_one_device_step_measured_in_its_round():
+    """--refine: one device measured 25% over its prediction (less the fixed overhead):
+    the profile's op times of the graph are scaled by 1.25 and the next prediction is the
+    measurement; within 2% nothing moves, and without a profile of the graph the factor is 1."""
+    from placetool.cli.hardware import step_overhead_us
+    from placetool.cli.verifytop import anchor_op_times
+
+    g = _towers()
+    base = make_cluster(2, latency=100.0, bandwidth=50.0, kinds=["cpu", "cpu"])
+    one, split = np.zeros(g.n_ops, np.int32), (np.arange(g.n_ops) % 2).astype(np.int32)
+    for share, want in ((1.25, 1.25), (1.01, 1.0)):
+        prof = Profile(devices=[], step_overhead_us=[10.0, 30.0], meta={"graphs": {}})
+        prof.add_op_medians("cpu", g, {n: 100.0 + 10 * (i % 4) for i, n in enumerate(g.names)})
+        pred = CostModel(g, base, profile=prof).simulate(one).step_time_us + step_overhead_us(prof, one)
+        rows = [{"source": "search", "measured_us": 1.0, "predicted_us": 2.0},
+                {"source": "single", "measured_us": share * (pred - 10.0) + 10.0, "predicted_us": pred}]
+        assert anchor_op_times(prof, g, base, rows, [split, one]) == pytest.approx(want)
+        after = CostModel(g, base, profile=prof).simulate(one).step_time_us + step_overhead_us(prof, one)
+        assert after == pytest.approx(rows[1]["measured_us"] if want != 1.0 else pred)
+    other = Profile(devices=[], step_overhead_us=[10.0, 30.0], meta={"graphs": {}})
+    assert anchor_op_times(other, g, base, rows, [split, one]) == 1.0 == anchor_op_times(None, g, base, rows, [])
+
+
 def test_cluster_spec_file_and_unreachable_worker_fails_fast(tmp_path):
     from placetool.costmodel.tf.testbed import ClusterSpec, TestbedError, free_ports
 
@@ -407,7 +430,7 @@ def test_calibrate_and_verify_cli(mlp, testbed, tmp_path):
     r = CliRunner().invoke(cli, ["calibrate", "-g", "mlp", "--batch", "16", "--cluster-spec", str(spec),
                                  "--out", str(out), "--reps", "3", "--max-transfer", "65536",
                                  "--trace-steps", "2", "--split-steps", "1", "--rounds", "2", "--max-noise", "0",
-                                 "--json"])
+                                 "--link-send", "idle", "--json"])
     assert r.exit_code == 0, r.output + repr(r.exception)
     summary = json.loads(r.output[r.output.index("{"):r.output.rindex("}") + 1])
     prof = load_profile(out)
@@ -531,8 +554,8 @@ def test_testbed_up_status_down_cli(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_calibrate_identifies_worker_costs_from_its_own_traced_steps(mlp, testbed, tmp_path):
-    """``calibrate --link-send workers``: the per-message costs come from traced split steps
-    of the session itself, replayed; the links stay the lone transfers' and every device
+    """``calibrate`` on TF workers (``--link-send workers``, the default there): the
+    per-message costs come from traced split steps of the session itself, replayed; the links stay the lone transfers' and every device
     carries the identified costs."""
     from click.testing import CliRunner
 
@@ -545,7 +568,7 @@ def test_calibrate_identifies_worker_costs_from_its_own_traced_steps(mlp, testbe
     _fresh_keras()
     r = CliRunner().invoke(cli, ["calibrate", "-g", "mlp", "--batch", "16", "--cluster-spec", str(spec),
                                  "--out", str(out), "--reps", "3", "--max-transfer", "65536", "--trace-steps", "1",
-                                 "--split-steps", "1", "--rounds", "2", "--link-send", "workers"])
+                                 "--split-steps", "1", "--rounds", "2"])  # workers: the default for TF workers
     assert r.exit_code == 0, r.output + repr(r.exception)
     logs = r.output.splitlines()
     prof = load_profile(out)

@@ -177,10 +177,11 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
     ``link_queue``: the cluster's ``links.queue``; ``auto`` is ``none`` for TF worker
     processes (gRPC serves their transfers side by side: traced steps, docs/explain.md)
     and ``fifo`` for this process's own devices (a GPU's copy engine serves one copy at a
-    time per direction). ``link_send``: the cluster's ``links.send``; ``auto`` is ``idle``
-    for TF worker processes (a worker's RecvTensor handler waits behind its executor's own
-    work: traced steps, benchmarks/README.md) and ``eager`` in this process, where a
-    tensor is handed over when produced. ``fit_inputs``, a dict, receives what the
+    time per direction). ``link_send``: the cluster's ``links.send``; ``auto`` is
+    ``workers`` for TF worker processes (each worker's one compute thread and its run
+    queue, :mod:`placetool.costmodel.workers`: its predictions of split steps are closer
+    to the measured than ``idle``'s on 7 of 9 graph-runs, benchmarks/README.md) and
+    ``eager`` in this process, where a tensor is handed over when produced. ``fit_inputs``, a dict, receives what the
     transfer fit was made from (``samples``, the ``cluster`` before it, ``kinds``), so the
     same measured steps can be fitted again under another rule.
 
@@ -214,7 +215,7 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
     if link_queue == "auto":
         link_queue = "none" if spec.workers else "fifo"
     if link_send == "auto":
-        link_send = "idle" if spec.workers else "eager"
+        link_send = "workers" if spec.workers else "eager"
     cluster = _cluster(name, names, spec, profile, lat, bw, memory_bytes or {}, link_queue, link_send)
     if split_steps > 0 and D > 1:
         cluster = _fit_transfers(traced_list, spec, profile, cluster, split_steps, rounds, timeout_s,
