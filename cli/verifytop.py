@@ -202,9 +202,10 @@ def refine(g, cl, cm, profile_path, problem, result, k, rounds, rerun, testbed_n
             extra.append(("search", f"best measured ({best[2]})", best[1]))
         log(f"refine round {r + 1}/{rounds}:")
         last = r == rounds - 1
+        # every round confirms its pick in a fresh run: any round may be the one that settles
         summary, rec_p, rec_pred = verify(g, cur_cl, cur_cm, profile_path, cur_problem, cur_result, k, testbed_n,
                                           cluster_spec, local, seed, quiet, model=model, trust=trust, extra=extra,
-                                          confirm_rounds=5 if last else 0, profile=prof,
+                                          confirm_rounds=5, profile=prof,
                                           trace_sources=refit.trace_sources)
         rows = summary["rows"]
         rec = rows[summary["recommended"]]
