@@ -60,7 +60,7 @@ def baselines(problem, seed: int, log=None) -> list[tuple[str, str, np.ndarray]]
 
 def verify(g, cl, cm, profile_path, problem, result, k, testbed_n, cluster_spec, local, seed, quiet,
            rounds: int = 3, steps: int = 3, model=None, trust=False, extra=(), confirm_rounds: int = 5,
-           profile=None, trace_sources=()) -> tuple[dict, np.ndarray, float]:
+           profile=None, trace_sources=(), trace_designs: bool = False) -> tuple[dict, np.ndarray, float]:
     """Measure the k best placements seen, the best single device and the best one-shot
     baseline (and ``extra`` (source, label, per-op placement) rows) in one interleaved
     run, and confirm a search placement picked so in a fresh run of ``confirm_rounds``
@@ -68,8 +68,9 @@ def verify(g, cl, cm, profile_path, problem, result, k, testbed_n, cluster_spec,
     per-op placements of ``g``; recommended placement of ``g``; its predicted µs).
 
     The split placements of the sources in ``trace_sources`` are traced after the
-    measurements too (2 steps each), into ``recordings``: [(source, label,
-    :class:`~placetool.costmodel.timeline.Recording` of the graph that ran)]."""
+    measurements too (2 steps each), and with ``trace_designs`` the designed splits that
+    ``calibrate`` traces (source ``"design"``, not measured), into ``recordings``:
+    [(source, label, :class:`~placetool.costmodel.timeline.Recording` of the graph that ran)]."""
     from placetool.costmodel.calibration import load_profile
     from placetool.costmodel.tf.importer import retrace
     from placetool.costmodel.tf.runner import remap_placement, verify_top
@@ -95,20 +96,27 @@ def verify(g, cl, cm, profile_path, problem, result, k, testbed_n, cluster_spec,
         + f"), {rounds} interleaved rounds of {steps} steps ...")
     spec = None if testbed_n else planned_spec(None, "cpu", cluster_spec, local)
     seen, trace = set(), []
-    for i, (src, _, p) in enumerate(cands):
+    for (src, label, p), row in zip(cands, rows):
         if src in trace_sources and len(np.unique(p)) > 1 and p.tobytes() not in seen:
             seen.add(p.tobytes())
-            trace.append(i)
+            trace.append((src, label, row["placement"]))
+    if trace_designs:
+        from placetool.costmodel.tf.calibrate import designed_splits
+        from placetool.costmodel.tf.testbed import ClusterSpec
+
+        kinds = spec or ClusterSpec.for_workers(["localhost:0"] * testbed_n, "cpu")
+        trace += [("design", label, p) for label, p, _ in designed_splits(traced.graph, kinds)
+                  if not label.startswith("single:")]
     out = verify_top(traced, rows, spec=spec, testbed=testbed_n or 0, rounds=rounds, steps=steps, log=log,
-                     confirm_rounds=confirm_rounds, trace=trace)
+                     confirm_rounds=confirm_rounds, trace=[p for _, _, p in trace])
     rec = out["recommended"]
     summary = {k2: v for k2, v in out.items() if k2 not in ("placements", "traces")}
     summary["recommended_label"] = out["rows"][rec]["label"]
     if trace:
         from placetool.costmodel import timeline
 
-        summary["recordings"] = [(cands[i][0], cands[i][1], timeline.load(d, traced.graph))
-                                 for i, d in out["traces"].items()]
+        summary["recordings"] = [(src, label, timeline.load(d, traced.graph))
+                                 for (src, label, _), d in zip(trace, out["traces"])]
     summary["placements_g"] = [p for _, _, p in cands]
     return summary, cands[rec][2], out["rows"][rec]["predicted_us"]
 
@@ -206,7 +214,7 @@ def refine(g, cl, cm, profile_path, problem, result, k, rounds, rerun, testbed_n
         summary, rec_p, rec_pred = verify(g, cur_cl, cur_cm, profile_path, cur_problem, cur_result, k, testbed_n,
                                           cluster_spec, local, seed, quiet, model=model, trust=trust, extra=extra,
                                           confirm_rounds=5, profile=prof,
-                                          trace_sources=refit.trace_sources)
+                                          trace_sources=refit.trace_sources, trace_designs=refit.designs and r == 0)
         rows = summary["rows"]
         rec = rows[summary["recommended"]]
         meas = [x["measured_us"] for x in rows]
@@ -279,6 +287,7 @@ class _StepRefit:
 
     rule = "whole steps (fit_transfer_costs)"
     trace_sources = ()
+    designs = False
 
     def __init__(self, g, cl, prof, kinds):
         from placetool.costmodel.calibration import unfitted_cluster
@@ -315,21 +324,24 @@ class _StepRefit:
 class _WorkerRefit:
     """``--refine`` under ``links.send`` "workers": the run queue's per-message costs
     identified again from traced steps of the placements each round measured (the
-    search's and the best baseline's, every round's kept), as ``calibrate --link-send
-    workers`` identifies them from its designed splits
-    (:func:`placetool.costmodel.tf.calibrate.worker_costs_from_steps`): timelines, not
-    whole steps, so a latency is not traded against CPU at either end. The diverse
-    splits are not traced; their measured steps judge the costs."""
+    search's and the best baseline's, every round's kept) pooled with calibrate's
+    designed splits, traced once in the first round, as ``calibrate --link-send
+    workers`` identifies them (:func:`placetool.costmodel.tf.calibrate.worker_costs_from_steps`):
+    timelines, not whole steps, so a latency is not traded against CPU at either end. The
+    search's picks alone are too alike to tell the costs apart (towers, 2026-11-29: the
+    arrival cost swung from 2 to 250 µs between rounds). The diverse splits are not
+    traced; their measured steps judge the costs."""
 
     rule = "traced steps (workers)"
     trace_sources = ("search", "baseline")
+    designs = True
 
     def __init__(self, g, cl, prof, kinds):
         from placetool.costmodel.calibration import unfitted_cluster
 
         self.g, self.cl, self.prof = g, cl, prof
         self.links = unfitted_cluster(cl, prof, kinds)  # the lone transfers' latency and bandwidth
-        self.steps, self.found = [], None
+        self.steps, self.found, self.n_designs = [], None, 0
 
     def add(self, summary, round_no) -> tuple[object, dict]:
         """Identify again with one more round's traced steps: (the cluster, its table fields)."""
@@ -341,9 +353,11 @@ class _WorkerRefit:
         from placetool.costmodel.workers_fit import steps_of
 
         for src, label, rec in summary["recordings"]:
-            self.steps += steps_of(rec, label=f"round {round_no} {label}")
-        if not self.steps:  # nothing split was measured yet: the costs stay
-            return self.cl, {"samples": 0, "fit_median_abs_error_pct": None,
+            mine = steps_of(rec, label=f"round {round_no} {label}")
+            self.steps += mine
+            self.n_designs += len(mine) if src == "design" else 0
+        if not self.steps:  # nothing split was traced yet: the costs stay
+            return self.cl, {"samples": 0, "design_samples": 0, "fit_median_abs_error_pct": None,
                              "held_out_median_abs_error_pct": None, "params": None}
         self.found = worker_costs_from_steps([self.steps], self.links, self.prof)
         cl = replace(with_worker_costs(self.links, self.found["costs"]), name=self.cl.name)
@@ -351,7 +365,7 @@ class _WorkerRefit:
         cm = CostModel(self.g, cl, profile=self.prof)
         held = [abs(predicted_us(cm, self.prof, p) - row["measured_us"]) / row["measured_us"] * 100
                 for row, p in zip(summary["rows"], summary["placements_g"]) if row["source"] == "diverse"]
-        return cl, {"samples": len(self.steps),
+        return cl, {"samples": len(self.steps), "design_samples": self.n_designs,
                     "fit_median_abs_error_pct": self.found["fit"].summary()["median_abs_error_pct"],
                     "held_out_median_abs_error_pct": float(np.median(held)) if held else None,
                     "params": asdict(self.found["costs"]), "replay_params": asdict(self.found["fit"].costs),

@@ -322,9 +322,10 @@ def test_refine_measures_refits_and_searches_again(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_refine_under_the_workers_rule_identifies_costs_from_traced_steps(tmp_path):
-    """Under links.send "workers", --refine traces the measured split placements of the
-    search and the best baseline and identifies the per-message costs from those traced
-    steps (every round's kept); the diverse splits are not traced, and judge the costs."""
+    """Under links.send "workers", --refine traces calibrate's designed splits once and
+    the measured split placements of the search and the best baseline every round, and
+    identifies the per-message costs from those traced steps (every round's kept); the
+    diverse splits are not traced, and judge the costs."""
     models = tmp_path / "models"
     models.mkdir()
     (models / "pt_user_towers.py").write_text(MODEL)
@@ -340,10 +341,18 @@ def test_refine_under_the_workers_rule_identifies_costs_from_traced_steps(tmp_pa
     v = json.loads(r.stdout)["verified"]
     assert v["refine"]["rule"] == "traced steps (workers)" and "recordings" not in v
     rounds = v["refine"]["rounds"]
-    # the last round traced 2 steps of each distinct split placement of the search and the baseline
+    # round 1 traced calibrate's designed splits (2 steps each), and every round 2 steps of
+    # each distinct split placement of the search and the baseline
+    from placetool.costmodel import OpGraph
+    from placetool.costmodel.tf.calibrate import designed_splits
+    from placetool.costmodel.tf.testbed import ClusterSpec
+
+    designs = [x for x in designed_splits(OpGraph.load(graph), ClusterSpec.for_workers(["localhost:0"] * 2))
+               if not x[0].startswith("single:")]
+    assert all(t["design_samples"] == 2 * len(designs) for t in rounds)
     split = [x for x in v["rows"] if x["source"] in ("search", "baseline") and len(x["devices_used"]) > 1
              and "same_as" not in x]
-    before = rounds[-2]["samples"] if len(rounds) > 1 else 0
+    before = rounds[-2]["samples"] if len(rounds) > 1 else 2 * len(designs)
     assert rounds[-1]["samples"] - before == 2 * len(split)
     for t in rounds:
         if t["samples"]:

@@ -500,16 +500,16 @@ def verify_top(traced, candidates, spec: ClusterSpec | None = None, testbed: int
     device that ends up recommended is confirmed against one device the same way
     (``baseline_confirmation``), else one device is. ``confirm_rounds=0`` skips both.
     Returns :func:`judge`'s account plus ``sentinel`` and the confirmations; with
-    ``trace`` (candidate indices), ``traces`` too: for each, ``trace_steps`` FULL_TRACE
-    steps on the same devices after the measurements, as a timeline dict
-    (:func:`~placetool.costmodel.tf.trace_capture.capture`).
+    ``trace`` (placements per op of ``traced.graph``, measured or not), ``traces`` too:
+    for each, ``trace_steps`` FULL_TRACE steps on the same devices after the
+    measurements, as a timeline dict (:func:`~placetool.costmodel.tf.trace_capture.capture`).
     """
     from .sentinel import measure_with_sentinel
 
     if spec is None and not testbed:
         raise RunError("verify_top needs a cluster spec or a testbed size")
     P = [c["placement"] for c in candidates]
-    for p in P:
+    for p in [*P, *trace]:
         check_placement(traced.graph, p, spec or ClusterSpec.for_workers(["localhost:0"] * testbed,
                                                                           testbed_device))
     ref = next((i for i, c in enumerate(candidates) if c["source"] == "single"), 0)
@@ -563,8 +563,8 @@ def verify_top(traced, candidates, spec: ClusterSpec | None = None, testbed: int
 
             if log:
                 log(f"tracing {trace_steps} steps of each of {len(trace)} placements ...")
-            out["traces"] = {i: capture(traced, P[i], sp, steps=trace_steps, warmup=2, single_device=None,
-                                        timeout_s=timeout_s) for i in trace}
+            out["traces"] = [capture(traced, p, sp, steps=trace_steps, warmup=2, single_device=None,
+                                     timeout_s=timeout_s) for p in trace]
         return out
 
     def fresh(sp, rows, win, against) -> dict:
