@@ -282,12 +282,9 @@ def test_refine_options_are_checked_before_anything_runs(args, msg):
     assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_refine_measures_refits_and_searches_again(tmp_path):
-    """--verify-top 2 --refine 2 on a 2-worker testbed: each round measures the search's
-    picks, two diverse splits and the baselines, refits the transfer costs on every step
-    measured so far (the diverse ones held out) and searches again from the best measured."""
+def _refine_two_towers(tmp_path, cluster_toml) -> dict:
+    """``search -m sa --verify-top 2 --refine 2`` of an imported two-tower model on a
+    2-worker testbed and ``cluster_toml``: the result's ``verified``."""
     models = tmp_path / "models"
     models.mkdir()
     (models / "pt_user_towers.py").write_text(MODEL)
@@ -295,12 +292,21 @@ def test_refine_measures_refits_and_searches_again(tmp_path):
     assert placetool("import", "pt_user_towers:two_towers", "--batch", "32", "--out", str(graph),
                      cwd=models).returncode == 0
     cluster = tmp_path / "cpu2.toml"
-    cluster.write_text(CPU2)
+    cluster.write_text(cluster_toml)
     r = placetool("search", "-g", str(graph), "-c", str(cluster), "--method", "sa", "--budget-evals", "60",
                   "--verify-top", "2", "--refine", "2", "--testbed", "2", "--json", "--trust-graph-source",
                   cwd=models)
     assert r.returncode == 0, r.stderr
-    v = json.loads(r.stdout)["verified"]
+    return json.loads(r.stdout)["verified"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_refine_measures_refits_and_searches_again(tmp_path):
+    """--verify-top 2 --refine 2 on a 2-worker testbed: each round measures the search's
+    picks, two diverse splits and the baselines, refits the transfer costs on every step
+    measured so far (the diverse ones held out) and searches again from the best measured."""
+    v = _refine_two_towers(tmp_path, CPU2)
     rounds = v["refine"]["rounds"]
     assert 1 <= len(rounds) <= 2 and v["refine"]["stopped"] in ("prediction within the noise floor", "rounds")
     labels = [x["label"] for x in v["rows"]]
@@ -326,19 +332,7 @@ def test_refine_under_the_workers_rule_identifies_costs_from_traced_steps(tmp_pa
     the measured split placements of the search and the best baseline every round, and
     identifies the per-message costs from those traced steps (every round's kept); the
     diverse splits are not traced, and judge the costs."""
-    models = tmp_path / "models"
-    models.mkdir()
-    (models / "pt_user_towers.py").write_text(MODEL)
-    graph = tmp_path / "my.npz"
-    assert placetool("import", "pt_user_towers:two_towers", "--batch", "32", "--out", str(graph),
-                     cwd=models).returncode == 0
-    cluster = tmp_path / "cpu2.toml"
-    cluster.write_text(CPU2_WORKERS)
-    r = placetool("search", "-g", str(graph), "-c", str(cluster), "--method", "sa", "--budget-evals", "60",
-                  "--verify-top", "2", "--refine", "2", "--testbed", "2", "--json", "--trust-graph-source",
-                  cwd=models)
-    assert r.returncode == 0, r.stderr
-    v = json.loads(r.stdout)["verified"]
+    graph, v = tmp_path / "my.npz", _refine_two_towers(tmp_path, CPU2_WORKERS)
     assert v["refine"]["rule"] == "traced steps (workers)" and "recordings" not in v
     rounds = v["refine"]["rounds"]
     # round 1 traced calibrate's designed splits (2 steps each), and every round 2 steps of
