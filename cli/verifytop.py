@@ -171,10 +171,12 @@ def refine(g, cl, cm, profile_path, problem, result, k, rounds, rerun, testbed_n
     placements of the last search, ``diverse`` random splits and the baselines side by
     side (:func:`verify`'s run), refits the transfer costs on every round's steps so far
     and searches again with ``rerun(problem, start, round)`` from the best
-    placement measured so far. It stops once the recommended placement's prediction lies
-    within the noise floor of its measurement and no placement of the search has measured
-    faster than it (:func:`settled`), or after R rounds; the answer is the placement
-    measured fastest, confirmed as :func:`verify` confirms.
+    placement measured so far. Each round first scales the profile's op times to one
+    device's measured step (:func:`anchor_op_times`). It stops once the predictions of
+    the recommended placement and of the search's own pick lie within the noise floor of
+    their measurements and no placement of the search has measured faster than the
+    recommendation (:func:`settled`), or after R rounds; the answer is the placement
+    measured fastest, confirmed in every round as :func:`verify` confirms.
 
     The refit follows the cluster's rule: under ``links.send`` "workers" the per-message
     costs are identified again from traced steps of the measured placements
