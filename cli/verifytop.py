@@ -354,16 +354,19 @@ class _WorkerRefit:
         from placetool.costmodel.workers import with_worker_costs
         from placetool.costmodel.workers_fit import steps_of
 
-        for src, label, rec in summary["recordings"]:
+        new = 0
+        for src, label, rec in summary.get("recordings", ()):  # none when nothing split ran
             mine = steps_of(rec, label=f"round {round_no} {label}")
             self.steps += mine
             self.n_designs += len(mine) if src == "design" else 0
+            new += len(mine)
         if not self.steps:  # nothing split was traced yet: the costs stay
             return self.cl, {"samples": 0, "design_samples": 0, "fit_median_abs_error_pct": None,
                              "held_out_median_abs_error_pct": None, "params": None}
-        self.found = worker_costs_from_steps([self.steps], self.links, self.prof)
-        cl = replace(with_worker_costs(self.links, self.found["costs"]), name=self.cl.name)
-        self.cl = cl
+        if new:  # else the same steps would give the same costs
+            self.found = worker_costs_from_steps([self.steps], self.links, self.prof)
+            self.cl = replace(with_worker_costs(self.links, self.found["costs"]), name=self.cl.name)
+        cl = self.cl
         cm = CostModel(self.g, cl, profile=self.prof)
         held = [abs(predicted_us(cm, self.prof, p) - row["measured_us"]) / row["measured_us"] * 100
                 for row, p in zip(summary["rows"], summary["placements_g"]) if row["source"] == "diverse"]

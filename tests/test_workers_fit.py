@@ -141,3 +141,37 @@ def test_message_inflation_recovers_cpu_per_message_on_each_end():
     one = [traced_like(g, profiled, np.zeros(g.n_ops, np.int64), lat, bw, WorkerCosts())]
     assert message_inflation(one, [profiled], 2) == {"send_us": 0.0, "send_us_per_byte": 0.0, "recv_us": 0.0,
                                                      "recv_us_per_byte": 0.0}
+
+
+def test_refine_identifies_the_costs_from_each_rounds_recordings_and_keeps_them():
+    """``--refine``'s refit under links.send "workers" (cli.verifytop._WorkerRefit) on the
+    checked-in towers recording: the costs it puts on the cluster are those identified
+    from the recorded steps on the cluster's lone-transfer links; a diverse split's
+    measured step judges them; a round that traced nothing split keeps steps and costs."""
+    from dataclasses import replace
+
+    from placetool.cli.verifytop import _WorkerRefit, predicted_us
+    from placetool.costmodel import CostModel
+    from placetool.costmodel.workers import with_worker_costs
+
+    from .helpers import cluster
+
+    g = graphs.load(os.path.join(DATA, "towers_sa.timeline.npz"))
+    rec = TL.load(os.path.join(DATA, "towers_sa.timeline.json"), g)
+    cl = with_worker_costs(replace(cluster(2, latency=120.0, bandwidth=2000.0, kinds=["cpu", "cpu"]),
+                                   name="tb"))
+    refit = _WorkerRefit(g, cl, None, ("cpu",))
+    diverse = np.asarray(rec.placement)[::-1].copy()
+    summary = {"recordings": [("search", "search #1", rec)], "placements_g": [rec.placement, diverse],
+               "rows": [{"source": "search", "measured_us": 1.0}, {"source": "diverse", "measured_us": 5e4}]}
+    cl1, fs = refit.add(summary, 1)
+    lat, bw = _links(120.0, 2000.0)
+    want = fit_worker_costs(steps_of(rec), lat, bw)
+    assert cl1.link_send == "workers" and cl1.name == "tb" and fs["samples"] == 3 and fs["design_samples"] == 0
+    assert fs["replay_params"] == {k: getattr(want.costs, k) for k in fs["replay_params"]}
+    assert cl1.devices[0].send_us == want.costs.handler_us and cl1.devices[1].request_us == want.costs.request_us
+    assert fs["fit_median_abs_error_pct"] == pytest.approx(want.summary()["median_abs_error_pct"])
+    pred = predicted_us(CostModel(g, cl1), None, diverse)
+    assert fs["held_out_median_abs_error_pct"] == pytest.approx(abs(pred - 5e4) / 5e4 * 100)
+    cl2, fs2 = refit.add({"placements_g": [], "rows": []}, 2)  # nothing split was traced
+    assert cl2 is cl1 and fs2["samples"] == 3 and fs2["params"] == fs["params"]
