@@ -555,8 +555,8 @@ def test_testbed_up_status_down_cli(tmp_path):
 @pytest.mark.timeout(240)
 def test_calibrate_identifies_worker_costs_from_its_own_traced_steps(mlp, testbed, tmp_path):
     """``calibrate`` on TF workers (``--link-send workers``, the default there): the
-    per-message costs come from traced split steps of the session itself, replayed; the links stay the lone transfers' and every device
-    carries the identified costs."""
+    per-message costs come from traced split steps of the session itself, replayed; the
+    links stay the lone transfers' and every device carries the identified costs."""
     from click.testing import CliRunner
 
     from placetool.cli.main import cli
