@@ -264,7 +264,7 @@ def anchor_op_times(prof, g, cl, rows, placements) -> float:
     transfer costs. Returns the factor (1.0 when it is within
     :data:`~placetool.costmodel.tf.calibrate.ANCHOR_MIN_PCT` of 1, or without a
     profile of ``g``'s ops)."""
-    from placetool.costmodel.tf.calibrate import ANCHOR_MIN_PCT
+    from placetool.costmodel.tf.calibrate import scale_op_times
 
     from .hardware import step_overhead_us
 
@@ -275,11 +275,7 @@ def anchor_op_times(prof, g, cl, rows, placements) -> float:
     if g.name not in prof.ops.get(kind, {}):
         return 1.0
     over = step_overhead_us(prof, placements[i])
-    factor = (rows[i]["measured_us"] - over) / (rows[i]["predicted_us"] - over)
-    if not np.isfinite(factor) or factor <= 0 or abs(factor - 1) * 100 <= ANCHOR_MIN_PCT:
-        return 1.0
-    prof.scale_ops(kind, g.name, factor)
-    return float(factor)
+    return scale_op_times(prof, g.name, [kind], (rows[i]["measured_us"] - over) / (rows[i]["predicted_us"] - over))
 
 
 class _StepRefit:
@@ -366,11 +362,10 @@ class _WorkerRefit:
         if new:  # else the same steps would give the same costs
             self.found = worker_costs_from_steps([self.steps], self.links, self.prof)
             self.cl = replace(with_worker_costs(self.links, self.found["costs"]), name=self.cl.name)
-        cl = self.cl
-        cm = CostModel(self.g, cl, profile=self.prof)
+        cm = CostModel(self.g, self.cl, profile=self.prof)
         held = [abs(predicted_us(cm, self.prof, p) - row["measured_us"]) / row["measured_us"] * 100
                 for row, p in zip(summary["rows"], summary["placements_g"]) if row["source"] == "diverse"]
-        return cl, {"samples": len(self.steps), "design_samples": self.n_designs,
+        return self.cl, {"samples": len(self.steps), "design_samples": self.n_designs,
                     "fit_median_abs_error_pct": self.found["fit"].summary()["median_abs_error_pct"],
                     "held_out_median_abs_error_pct": float(np.median(held)) if held else None,
                     "params": asdict(self.found["costs"]), "replay_params": asdict(self.found["fit"].costs),

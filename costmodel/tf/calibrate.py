@@ -438,6 +438,18 @@ def worker_costs_from_steps(traced_steps, cluster: Cluster, profile: Profile | N
 ANCHOR_MIN_PCT = 2.0
 
 
+def scale_op_times(profile, graph_name: str, kinds, factor: float) -> float:
+    """Multiply ``graph_name``'s profiled op times on each of ``kinds`` by ``factor``,
+    unless it is not a finite positive number or lies within :data:`ANCHOR_MIN_PCT` of 1.
+    Returns the factor applied (1.0 when none was)."""
+    factor = float(factor)
+    if not np.isfinite(factor) or factor <= 0 or abs(factor - 1) * 100 <= ANCHOR_MIN_PCT:
+        return 1.0
+    for kind in kinds:
+        profile.scale_ops(kind, graph_name, factor)
+    return factor
+
+
 def _anchor_op_times(traced_list, samples, profile, cluster, kinds, log) -> None:
     """Scale each graph's profiled op times so that its one-device step, predicted, is
     the one-device step measured among the designed splits (untraced, interleaved with
@@ -455,11 +467,9 @@ def _anchor_op_times(traced_list, samples, profile, cluster, kinds, log) -> None
         cm = CostModel(g, cluster, profile=profile)
         over = profile.step_overhead(1)
         ratios = [(s.measured_us - over) / cm.simulate(s.placement).step_time_us for s in one]
-        factor = float(np.median(ratios))
-        if not np.isfinite(factor) or factor <= 0 or abs(factor - 1) * 100 <= ANCHOR_MIN_PCT:
+        factor = scale_op_times(profile, g.name, kinds, np.median(ratios))
+        if factor == 1.0:
             continue
-        for kind in kinds:
-            profile.scale_ops(kind, g.name, factor)
         profile.meta["graphs"].setdefault(g.name, {})["op_time_scale"] = factor
         log(f"  {g.name}: op times scaled by {factor:.3f} to the one-device steps measured among the designs")
 
