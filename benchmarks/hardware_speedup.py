@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,9 @@ def main(argv=None) -> int:
                          "queue, its costs identified from the session's traced split steps)")
     ap.add_argument("--workers-rule", action="store_const", const="workers", dest="link_send",
                     help=argparse.SUPPRESS)  # the dated commands in benchmarks/README.md
+    ap.add_argument("--keep", metavar="DIR", default=None,
+                    help="keep each graph's files here (graph, profile, cluster, recommendation); default: a "
+                         "temporary folder, removed at the end")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     a.local = False
@@ -73,7 +77,8 @@ def main(argv=None) -> int:
     rows = []
     t_start = time.perf_counter()
     spec, tb = devices(a, log)
-    work = tempfile.mkdtemp(prefix="placetool-speedup-")
+    work = a.keep or tempfile.mkdtemp(prefix="placetool-speedup-")
+    os.makedirs(work, exist_ok=True)
     spec_file = os.path.join(work, "spec.json")
     with open(spec_file, "w") as f:
         json.dump(spec.cluster_def(), f)
@@ -130,6 +135,8 @@ def main(argv=None) -> int:
     finally:
         if tb is not None:
             tb.stop()
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
     out = {"rows": rows, "devices": spec.tf_devices, "seconds": time.perf_counter() - t_start,
            "settings": {"search_seconds": a.search_seconds, "rounds": a.rounds, "steps": a.steps, "seed": a.seed,
                         "link_send": a.link_send}}

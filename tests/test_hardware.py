@@ -506,12 +506,14 @@ def test_worker_that_does_not_come_up_is_an_error_and_no_orphans():
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_workers_die_with_their_parent(sig):
+def test_workers_die_with_their_parent(sig, tmp_path):
     code = ("from placetool.costmodel.tf.testbed import Testbed\n"
             "with Testbed.start(1, timeout_s=100) as tb:\n"
             "    print(' '.join(map(str, tb.pids)), flush=True)\n"
             "    import time; time.sleep(100)\n")
-    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    # a SIGKILLed parent cannot remove its workers' log folder: make it under tmp_path
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         pids = [int(x) for x in parent.stdout.readline().split()]
         assert pids and all(_alive(p) for p in pids)
@@ -519,6 +521,8 @@ def test_workers_die_with_their_parent(sig):
         parent.send_signal(sig)
         assert parent.wait(timeout=10) == (-9 if sig == signal.SIGKILL else 128 + signal.SIGTERM)
         assert _wait_dead(pids, timeout=15)
+        if sig == signal.SIGTERM:  # unwound: the testbed removed the log folder it made
+            assert not list(tmp_path.glob("placetool-testbed-*"))
     finally:
         if parent.poll() is None:
             parent.kill()
