@@ -33,20 +33,14 @@ import json
 import sys
 import time
 
-from placetool.costmodel import CostModel, presets
 from placetool.search import Budget, Problem, run
 
 INSTANCES = ("nmt/k80x4", "inception_v3/k80x4", "gnmt4/k40x8", "transformer/k40x8")
 HELD_OUT = ("inception_v3/k80x4", "gnmt8/k40x8", "transformer/k40x8")
 
 
-def problem(instance: str) -> Problem:
-    g, c = instance.split("/")
-    return Problem(CostModel(presets.load_graph(g), presets.load_cluster(c)))
-
-
 def search_row(instance: str, seconds: float, seed: int, rl_opts: dict) -> dict:
-    p = problem(instance)
+    p = Problem.preset(instance)
     t = time.perf_counter()
     r = run("rl", p, Budget(seconds=seconds), seed=seed, **rl_opts)
     rl_wall = time.perf_counter() - t
@@ -64,7 +58,7 @@ def search_row(instance: str, seconds: float, seed: int, rl_opts: dict) -> dict:
 
 
 def transfer_row(instance: str, policy: str, finetune: float, seed: int, rl_opts: dict) -> dict:
-    p = problem(instance)
+    p = Problem.preset(instance)
     t = time.perf_counter()
     z = run("rl", p, Budget(evals=1), seed=seed, init_from=policy)
     zero_wall = time.perf_counter() - t
@@ -102,7 +96,7 @@ def main(argv=None) -> int:
 
     tf()  # TensorFlow's start-up is not charged to the first instance
     # nor the compilation of the simulators and schedulers (numba) to the first method run
-    warm = problem("synthetic-200/k80x4")
+    warm = Problem.preset("synthetic-200/k80x4")
     for m in ("sa", "rl"):
         run(m, warm, Budget(evals=300), seed=0)
     rows, trows = [], []

@@ -37,16 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from placetool.costmodel import CostModel, presets
 from placetool.search import Budget, Problem, run, seed_methods
 
 HELD_OUT = ("inception_v3/k80x4", "transformer/k40x8", "gnmt8/k40x8")
 ONE_SHOT = ("heft", "critical-path", "m-topo", "m-etf", "m-sct", "metis", "expert", "single")
-
-
-def problem(instance: str) -> Problem:
-    g, c = instance.split("/")
-    return Problem(CostModel(presets.load_graph(g), presets.load_cluster(c)))
 
 
 def timed(method, p, budget, seed=0, **options):
@@ -77,7 +71,7 @@ def first_reach(history, target: float) -> float | None:
 
 
 def row(instance: str, seconds: list[float], seeds: list[int], gdp: bool) -> dict:
-    p = problem(instance)
+    p = Problem.preset(instance)
     lb = p.lower_bounds()["best"]
     out = {"instance": instance, "ops": p.graph.n_ops, "lower_bound_us": lb, "one_shot": {}}
     for m in ONE_SHOT:
@@ -123,7 +117,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     seconds = [float(x) for x in a.seconds.split(",") if x]
     # numba's compilation is not charged to the first instance
-    warm = problem("synthetic-200/k80x4")
+    warm = Problem.preset("synthetic-200/k80x4")
     for m in ("sa", "dispatch", "heft"):
         run(m, warm, Budget(evals=50), seed=0)
     rows = []

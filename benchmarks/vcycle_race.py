@@ -17,7 +17,6 @@ import argparse
 import json
 import statistics
 
-from placetool.costmodel import CostModel, presets
 from placetool.search import Budget, Problem, run
 from placetool.search.annealing import _default_cycles
 
@@ -26,13 +25,8 @@ INSTANCES = ("transformer/k40x8", "inception_v3/k80x4", "nmt/k80x4", "xception/k
 VARIANTS = ("race", "before", "groups only")
 
 
-def problem(instance: str) -> Problem:
-    g, c = instance.split("/")
-    return Problem(CostModel(presets.load_graph(g), presets.load_cluster(c)))
-
-
 def row(instance: str, seconds: float, seeds: list[int], variants: list[str]) -> dict:
-    p = problem(instance)
+    p = Problem.preset(instance)
     budget = Budget(seconds=seconds)
     cycles = {"race": None, "before": _default_cycles(p, budget, None), "groups only": 0}
     out = {"instance": instance, "seconds": seconds, "lower_bound_us": p.lower_bounds()["best"],

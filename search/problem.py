@@ -36,6 +36,20 @@ class Problem:
         self.group_time[~self.allowed] = np.inf
         self._check_fits()
 
+    @classmethod
+    def preset(cls, instance: str) -> Problem:
+        """The problem of a bundled graph on a bundled cluster, named ``"GRAPH/CLUSTER"``.
+
+        >>> Problem.preset("synthetic-40/k80x2").n_devices
+        3
+        """
+        from placetool.costmodel import CostModel, presets
+
+        graph, sep, cluster = instance.partition("/")
+        if not sep or not graph or not cluster or "/" in cluster:
+            raise SearchError(f"{instance!r}: an instance is GRAPH/CLUSTER, e.g. gnmt8/k40x8")
+        return cls(CostModel(presets.load_graph(graph), presets.load_cluster(cluster)))
+
     def _check_fits(self) -> None:
         cap = self.cost_model.capacity
         reason = self.cost_model.stranded()

@@ -199,6 +199,16 @@ def test_problem_traffic_is_the_group_edges_computed_once():
         w[0] = 1.0
 
 
+def test_a_preset_problem_is_its_bundled_graph_on_its_bundled_cluster():
+    from placetool.costmodel import presets
+
+    p = Problem.preset("synthetic-40/k80x2")
+    assert p.graph.n_ops == presets.load_graph("synthetic-40").n_ops and p.cluster.names == ["cpu:0", "gpu:0", "gpu:1"]
+    for bad in ("synthetic-40", "synthetic-40/", "/k80x2", "a/b/c"):
+        with pytest.raises(SearchError, match="GRAPH/CLUSTER"):
+            Problem.preset(bad)
+
+
 def test_problem_neighbours_are_each_groups_linked_groups_computed_once():
     """Known answer on the two cliques (groups a0..a4, b0..b4 = 0..9, a4 -> b0 the one
     link between them): a group's clique mates, and across the light edge for a4 and b0;
