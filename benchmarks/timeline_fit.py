@@ -11,13 +11,16 @@ Everything goes to DIR: per graph the graph file, the profile, and the timelines
 
 ``fit DIR``: no TensorFlow. Per graph, the timeline fit
 (:func:`placetool.costmodel.commfit.fit_device_costs`) on that graph's recordings alone
-(do the parameters agree from graph to graph?), pooled over all graphs, then five models
+(do the parameters agree from graph to graph?), pooled over all graphs, then seven models
 predict every recording's untraced step: ``step_totals``, the graph's own calibration as
 recorded; ``steps_idle``, the same whole-step fit to the designed splits' untraced steps
 under ``links.send = "idle"``; ``steps_idle_logo``, that fit made to the other graphs'
 designs only; ``timelines_own`` and ``timelines_logo``, the device costs
 read off this graph's timelines, or off the other graphs' only (leave-one-graph-out), on
-lone-transfer links under ``"idle"``. Columns: median and max |error| of the predicted
+lone-transfer links under ``"idle"``; ``workers_own`` and ``workers_logo``, the run
+queue (``links.send = "workers"``) with its per-message costs identified as ``calibrate``
+identifies them, from the traced steps of this graph's designs or of the other graphs'
+(also tabled per graph: do they agree?). Columns: median and max |error| of the predicted
 step against the measured median untraced step, Kendall's tau, whether the predicted best
 is the measured best. ``--op-times recorded`` puts each device's one-device recording in
 place of the profiled op times: the communication model's error alone.
@@ -122,6 +125,9 @@ def main(argv=None) -> int:
     f.add_argument("--json", action="store_true")
     f.add_argument("--op-times", choices=["profile", "recorded"], default="profile",
                    help="op times of the predictions: the calibration's, or each device's one-device recording")
+    f.add_argument("--anchor", action="store_true",
+                   help="scale each graph's profiled op times so that its one-device recordings are predicted "
+                        "as measured (as calibrate anchors them to the one-device steps of its own session)")
     a = ap.parse_args(argv)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     if a.cmd == "record":
@@ -179,11 +185,14 @@ def fit_on(data, names):
 
 def predict(data, name, params, op_times="profile"):
     """Predicted and measured (median untraced) step of every recording of graph ``name``:
-    params None is its own calibration (transfer costs fitted to whole steps).
+    params None is its own calibration (transfer costs fitted to whole steps); a
+    :class:`~placetool.costmodel.workers.WorkerCosts` puts the run queue with those costs
+    on its lone-transfer links.
     ``op_times``: "profile" (the calibration's) or "recorded" (each device's one-device
     recording, the profile's where it has none): the communication model's error alone."""
     from placetool.costmodel import CostModel
     from placetool.costmodel.commfit import with_device_costs
+    from placetool.costmodel.workers import WorkerCosts, with_worker_costs
 
     g, prof, recs, singles = data[name]
     if params is None:
@@ -192,6 +201,8 @@ def predict(data, name, params, op_times="profile"):
         cl = steps_idle_cluster(data, name)
     elif params == "steps-idle-logo":
         cl = steps_idle_cluster(data, name, [m for m in data if m != name])
+    elif isinstance(params, WorkerCosts):
+        cl = with_worker_costs(lone_links(prof), params)
     else:
         cl = with_device_costs(lone_links(prof), params)
     cm = CostModel(g, cl, profile=prof)
@@ -209,30 +220,75 @@ def predict(data, name, params, op_times="profile"):
     return np.array(pred), np.array(meas), labels
 
 
+def merged_profile(data, names):
+    """One profile with the op times of graphs ``names`` (the first one's devices and
+    overheads): what a fit pooled over several graphs predicts their steps with."""
+    from placetool.costmodel.calibration import Profile
+
+    ops = {}
+    for m in names:
+        for kind, graphs in data[m][1].ops.items():
+            ops.setdefault(kind, {}).update(graphs)
+    first = data[names[0]][1]
+    merged = Profile(devices=first.devices, ops=ops, step_overhead_us=list(first.step_overhead_us),
+                     dispatch_us=dict(first.dispatch_us))
+    merged.refit()
+    return merged
+
+
+def designed(recs):
+    """The designed split placements among one graph's recordings (calibrate's designs)."""
+    return [(label, rec) for label, rec in recs if ":" in label and not label.startswith("single")]
+
+
 def steps_idle_cluster(data, name, fit_on=None):
     """The whole-step fit of calibrate, refitted under links.send "idle" to the same kind of
     data: the designed splits' measured (untraced) steps, every third held out; fitted to
     the designs of the graphs ``fit_on`` (default: ``name`` alone), put on ``name``'s
     lone-transfer links."""
-    from placetool.costmodel.calibration import Profile, StepSample, fit_transfer_costs, with_transfer_params
+    from placetool.costmodel.calibration import StepSample, fit_transfer_costs, with_transfer_params
 
     fit_on = fit_on or [name]
-    samples, ops = [], {}
+    samples = []
     for m in fit_on:
-        g, prof, recs, _ = data[m]
-        for kind, graphs in prof.ops.items():
-            ops.setdefault(kind, {}).update(graphs)
-        designed = [(label, rec) for label, rec in recs if ":" in label and not label.startswith("single")]
+        g, _, recs, _ = data[m]
         samples += [StepSample(g, np.ascontiguousarray(rec.placement, np.int32),
                                float(np.median(rec.untraced_step_us)), label=f"{m}:{label}", held_out=i % 3 == 2)
-                    for i, (label, rec) in enumerate(designed)]
-    first = data[fit_on[0]][1]
-    merged = Profile(devices=first.devices, ops=ops, step_overhead_us=list(first.step_overhead_us),
-                     dispatch_us=dict(first.dispatch_us))
-    merged.refit()
+                    for i, (label, rec) in enumerate(designed(recs))]
     base = lone_links(data[name][1])
-    fit = fit_transfer_costs(samples, base, merged, try_per_transfer=False)
+    fit = fit_transfer_costs(samples, base, merged_profile(data, fit_on), try_per_transfer=False)
     return with_transfer_params(base, fit.params)
+
+
+def anchor(graph, prof, recs) -> float:
+    """Scale ``prof``'s op times of ``graph`` (in place) so that the median of its
+    one-device recordings' measured steps over their predictions is 1, as calibrate
+    anchors them (:func:`placetool.costmodel.tf.calibrate.scale_op_times`); returns the
+    factor applied."""
+    from placetool.costmodel import CostModel
+    from placetool.costmodel.tf.calibrate import scale_op_times
+
+    cm = CostModel(graph, prof.cluster(), profile=prof)
+    over = prof.step_overhead(1)
+    ratios = [(float(np.median(rec.untraced_step_us)) - over)
+              / cm.simulate(np.ascontiguousarray(rec.placement, np.int32)).step_time_us
+              for label, rec in recs if label.startswith("single:")]
+    return scale_op_times(prof, graph.name, list(prof.ops), np.median(ratios)) if ratios else 1.0
+
+
+def workers_costs(data, name, fit_on=None) -> dict:
+    """The run queue's per-message costs (links.send "workers") identified as ``calibrate``
+    identifies them, from the traced steps of the designed splits of the graphs
+    ``fit_on`` (default: ``name`` alone), on ``name``'s lone-transfer links: the replay's
+    costs plus the CPU per message that the traced op times hold against the profile's.
+    Returns :func:`placetool.costmodel.tf.calibrate.worker_costs_from_steps`'s dict."""
+    from placetool.costmodel.tf.calibrate import worker_costs_from_steps
+    from placetool.costmodel.workers_fit import steps_of
+
+    fit_on = fit_on or [name]
+    traced = [[s for label, rec in designed(data[m][2]) for s in steps_of(rec, label=f"{m}:{label}")]
+              for m in fit_on]
+    return worker_costs_from_steps(traced, lone_links(data[name][1]), merged_profile(data, fit_on))
 
 
 def with_message_costs(cluster, a_us: float, k_us_per_byte: float):
@@ -281,15 +337,25 @@ def fit_main(a, log) -> None:
     if len(data) < 2:
         raise SystemExit(f"{root}: recordings of at least 2 graphs needed (found {len(data)})")
     names = list(data)
+    scales = {n: anchor(*data[n][:3]) for n in names} if a.anchor else {}
+    for n, f in scales.items():
+        log(f"{n}: op times scaled by {f:.3f} to its one-device recordings")
     own = {n: fit_on(data, [n]) for n in names}
     pooled = fit_on(data, names)
+    log("identifying the run queue's costs from each graph's designs ...")
+    w_own = {n: workers_costs(data, n) for n in names}
     rows = []
     for n in names:
-        logo = fit_on(data, [m for m in names if m != n])
-        row = {"graph": n, "own_fit": own[n].summary(), "logo_params": logo.params}
+        others = [m for m in names if m != n]
+        logo = fit_on(data, others)
+        log(f"{n}: the run queue's costs from the other graphs' designs ...")
+        w_logo = workers_costs(data, n, others)
+        row = {"graph": n, "own_fit": own[n].summary(), "logo_params": logo.params,
+               "workers_own_costs": _costs_row(w_own[n]), "workers_logo_costs": _costs_row(w_logo)}
         for what, params in (("step_totals", None), ("steps_idle", "steps-idle"),
                              ("steps_idle_logo", "steps-idle-logo"), ("timelines_own", own[n].params),
-                             ("timelines_logo", logo.params)):
+                             ("timelines_logo", logo.params), ("workers_own", w_own[n]["costs"]),
+                             ("workers_logo", w_logo["costs"])):
             pr, me, labels = predict(data, n, params, a.op_times)
             row[what] = score(pr, me)
             row[what]["rows"] = [{"label": lb, "predicted_us": float(x), "measured_us": float(y)}
@@ -297,7 +363,10 @@ def fit_main(a, log) -> None:
         rows.append(row)
     agree = {k: max(own[n].params[k] for n in names) / max(min(own[n].params[k] for n in names), 1e-12)
              for k in own[names[0]].params}
-    out = {"graphs": rows, "pooled": pooled.summary(), "max_over_min": agree}
+    w_agree = {k: _spread([r["workers_own_costs"]["costs"][k] for r in rows])
+               for k in rows[0]["workers_own_costs"]["costs"]}
+    out = {"graphs": rows, "pooled": pooled.summary(), "max_over_min": agree, "workers_max_over_min": w_agree,
+           "op_time_scale": scales}
     if a.json:
         for r in rows:
             r["own_fit"].pop("placements", None)
@@ -310,14 +379,45 @@ def fit_main(a, log) -> None:
         print(f"{n:<46} {p['send_us']:>8.1f} {p['send_us_per_byte'] * 1e6:>8.1f} {p['recv_us']:>8.1f} "
               f"{p['recv_us_per_byte'] * 1e6:>8.1f} {f.r2:>5.2f}")
     print()
+    print("the run queue's costs identified from each graph's designs (µs, µs per MB; replay median |error|)")
+    keys = list(rows[0]["workers_own_costs"]["costs"])
+    print(f"{'graph':<46} " + " ".join(f"{k.replace('_us_per_byte', '/MB').replace('_us', ''):>9}" for k in keys)
+          + f" {'replay':>7}")
+    for r in rows:
+        c = r["workers_own_costs"]["costs"]
+        print(f"{r['graph']:<46} " + " ".join(f"{_show(k, c[k]):>9}" for k in keys)
+              + f" {r['workers_own_costs']['replay_median_abs_error_pct']:>6.1f}%")
+    print(f"{'largest / smallest':<46} " + " ".join(f"{w_agree[k]:>9.2f}" for k in keys))
+    print()
     print(f"{'graph (held out of the timeline fit)':<46} {'model':<16} {'med|err|%':>9} {'max|err|%':>9} "
           f"{'tau':>6} {'best':>5}")
     for r in rows:
-        for what in ("step_totals", "steps_idle", "steps_idle_logo", "timelines_own", "timelines_logo"):
+        for what in ("step_totals", "steps_idle", "steps_idle_logo", "timelines_own", "timelines_logo",
+                     "workers_own", "workers_logo"):
             s = r[what]
             print(f"{r['graph']:<46} {what:<16} {s['median_abs_error_pct']:>9.1f} {s['max_abs_error_pct']:>9.1f} "
                   f"{s['kendall_tau']:>6.2f} {('yes' if s['best_agrees'] else 'no'):>5}")
 
+
+def _costs_row(found: dict) -> dict:
+    """A worker-cost identification as JSON: the costs a prediction takes, the replay's
+    part, the CPU per message from the op times, and how well the replay fits."""
+    from dataclasses import asdict
+
+    s = found["fit"].summary()
+    return {"costs": asdict(found["costs"]), "replay_costs": s["costs"], "inflation": found["inflation"],
+            "op_inflation": found["op_inflation"], "replay_median_abs_error_pct": s["median_abs_error_pct"],
+            "replay_steps": s["n_steps"]}
+
+
+def _spread(values) -> float:
+    """Largest over smallest (inf where the smallest is 0 and the largest is not; 1 when all are 0)."""
+    hi, lo = max(values), min(values)
+    return 1.0 if hi == 0 else (hi / lo if lo > 0 else float("inf"))
+
+
+def _show(key: str, v: float) -> str:
+    return f"{v * 1e6:.0f}" if key.endswith("per_byte") else f"{v:.0f}"
 
 if __name__ == "__main__":
     sys.exit(main())
