@@ -108,10 +108,12 @@ def calibrate_for(t, spec, a, log, link_queue="auto", fit_inputs=None, link_send
                      fit_inputs=fit_inputs)
 
 
-def models_for(t, spec, a, log):
+def models_for(t, spec, a, log, keep=None):
     """{"queue/send": (CostModel, profile, transfer fit summary)}: one calibration, its
     transfer costs fitted under each pair of rules of ``--link-queue`` and ``--link-send``
-    to the same measured steps."""
+    to the same measured steps. With ``--workers-rule``, ``keep`` (a dict) receives what
+    identifying the run queue's costs on other graphs takes: this graph's traced design
+    steps, its profile and its lone-transfer cluster."""
     from dataclasses import replace
 
     from placetool.costmodel import CostModel
@@ -145,6 +147,8 @@ def models_for(t, spec, a, log):
         # identified as `calibrate --link-send workers` does, from traced split steps of this session: the
         # replay's costs alone, and with the CPU per message that the traced op times hold
         found = identify_worker_costs([t], spec, fit_in["cluster"], profile, steps=a.steps, log=log)
+        if keep is not None:
+            keep.update(steps=found["steps"][0], profile=profile, links=fit_in["cluster"])
         summ = {**found["fit"].summary(), "message_inflation": found["inflation"],
                 "op_inflation": found["op_inflation"]}
         log(f"  links.send workers, identified from this session's traced steps: {summ}")
@@ -230,6 +234,9 @@ def main(argv=None) -> int:
                          "calibration's lone-transfer links: its costs identified from this session's traced split "
                          "steps as calibrate --link-send workers does (workers), the replay's part of them alone "
                          "(workers-replay), and fitted to the split steps' totals (workers-steps)")
+    ap.add_argument("--logo", action="store_true",
+                    help="with --workers-rule: also judge each graph under the run queue with its costs identified "
+                         "from the other graphs' traced designs only (leave-one-graph-out, workers-logo)")
     ap.add_argument("--replay", action="store_true", help="also trace and replay one step of every placement")
     ap.add_argument("--replay-steps", type=int, default=3, help="traced steps per placement for --replay (median)")
     ap.add_argument("--json", action="store_true")
@@ -241,7 +248,9 @@ def main(argv=None) -> int:
     from placetool.costmodel.tf.sentinel import measure_with_sentinel
 
     graphs = a.graph or DEFAULT_GRAPHS
-    rows, detail = [], []
+    if a.logo and (not a.workers_rule or len(graphs) < 2):
+        ap.error("--logo needs --workers-rule and at least 2 graphs")
+    rows, detail, logo_in = [], [], {}
     t_start = time.perf_counter()
     spec, tb = devices(a, log)
     try:
@@ -249,7 +258,8 @@ def main(argv=None) -> int:
             t = trace_graph(s, log)
             # calibrate right before measuring: on a shared machine the load drifts over
             # minutes, and a profile taken long before is a profile of another load
-            models = models_for(t, spec, a, log)
+            kept = logo_in.setdefault(s, {})
+            models = models_for(t, spec, a, log, kept)
             cands = []
             for q, (cm_q, _, _) in models.items():  # every model's searches are among the candidates
                 seen = {p.tobytes() for _, p in cands}
@@ -270,9 +280,12 @@ def main(argv=None) -> int:
             replays = [replay_placement(t, p, spec, a.replay_steps, *wm) for _, p in cands] if a.replay else None
             for q, (cm, profile, fit) in models.items():
                 rows.append(judge_model(s, q, t, cm, profile, fit, cands, reps, sent, replays, detail, log))
+            kept.update(trace=t, cands=cands, reps=reps, sent=sent)
     finally:
         if tb is not None:
             tb.stop()
+    if a.logo:
+        rows += judge_logo(logo_in, detail, log)
     secs = time.perf_counter() - t_start
     out = {"rows": rows, "devices": spec.tf_devices, "seconds": secs,
            "settings": {"rounds": a.rounds, "steps": a.steps, "placements": a.placements, "seed": a.seed,
@@ -284,19 +297,18 @@ def main(argv=None) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print()
-    print(f"{'graph':<44} {'rules':<10} {'ops':>5} {'pl':>4} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} "
+    print(f"{'graph':<44} {'rules':<17} {'ops':>5} {'pl':>4} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} "
           f"{'best':>5} {'noise±%':>8} {'sentinel±%':>10} {'ratio|err|%':>11} {'replay|err|%':>12} {'fit%':>6} "
           f"{'held%':>6}")
     for r in rows:
         f = r["calibration_fit_median_abs_error_pct"]
         h = r["calibration_held_out_median_abs_error_pct"]
-        print(f"{r['graph']:<44} {r['rules']:<10} {r['ops']:>5} {r['placements']:>4} "
+        print(f"{r['graph']:<44} {r['rules']:<17} {r['ops']:>5} {r['placements']:>4} "
               f"{r['median_abs_error_pct']:>9.1f} {r['max_abs_error_pct']:>9.1f} {r['kendall_tau']:>6.2f} "
               f"{('yes' if r['best_agrees'] else 'no'):>5} {r['noise_floor_pct']:>8.1f} "
               f"{_num(r.get('sentinel_noise_floor_pct')):>10} {_num(r.get('ratio_median_abs_error_pct')):>11} "
               f"{_num(r.get('replay_workers_max_abs_error_pct', r.get('replay_fifo_max_abs_error_pct'))):>12} "
-              f"{f if f is None else round(f, 1):>6} "
-              f"{h if h is None else round(h, 1):>6}")
+              f"{_num(f):>6} {_num(h):>6}")
     print(f"({secs:.0f} s; devices: {len(spec.tf_devices)} x {spec.kinds[0]})")
     return 0
 
@@ -341,6 +353,30 @@ def judge_model(s, q, t, cm, profile, fit, cands, reps, sent, replays, detail, l
             "calibration_noise_floor_pct": fit.get("noise_floor_pct"),
             **sentinel_summary(sent, detail[first:]),
             **replay_summary(detail[first:] if replays is not None else None)}
+
+
+def judge_logo(logo_in: dict, detail: list, log) -> list[dict]:
+    """Per graph, a row for the run queue with its costs identified from the other graphs'
+    traced designs (pooled, each on its own profile), on this graph's lone-transfer links
+    and profile, judged on this graph's measured placements: does one testbed's set of
+    costs carry to a graph it was not identified on?"""
+    from placetool.costmodel import CostModel
+    from placetool.costmodel.tf.calibrate import worker_costs_from_steps
+    from placetool.costmodel.workers import with_worker_costs
+
+    rows = []
+    done = [s for s, k in logo_in.items() if "reps" in k]
+    for s in done:
+        k, others = logo_in[s], [o for o in done if o != s]
+        log(f"{s}: the run queue's costs identified from the designs of {', '.join(others)} ...")
+        found = worker_costs_from_steps([logo_in[o]["steps"] for o in others], k["links"],
+                                        [logo_in[o]["profile"] for o in others])
+        cm = CostModel(k["trace"].graph, with_worker_costs(k["links"], found["costs"]), profile=k["profile"])
+        fit = {**found["fit"].summary(), "identified_on": others}
+        rows.append(judge_model(s, "none/workers-logo", k["trace"], cm, k["profile"], fit, k["cands"], k["reps"],
+                                k["sent"], None, detail, log))
+        rows[-1]["worker_costs"] = asdict(found["costs"])
+    return rows
 
 
 def _num(x) -> str:

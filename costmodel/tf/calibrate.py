@@ -389,7 +389,8 @@ def identify_worker_costs(traced_list, spec: ClusterSpec, cluster: Cluster, prof
       against the profile's (:func:`~placetool.costmodel.workers_fit.message_inflation`);
       ``costs``, both together, what a prediction on the profile's op times takes; and
       ``op_inflation``, the traced ops' time over the profile's (time-weighted);
-    - without: ``costs`` the replay's, ``inflation`` None, ``op_inflation`` NaN.
+    - without: ``costs`` the replay's, ``inflation`` None, ``op_inflation`` NaN;
+    - ``steps``: the traced steps, one list per graph (to identify again, pooled with others).
     """
     from placetool.costmodel import timeline
     from placetool.costmodel.workers_fit import steps_of
@@ -410,27 +411,34 @@ def identify_worker_costs(traced_list, spec: ClusterSpec, cluster: Cluster, prof
     return worker_costs_from_steps(traced_steps, cluster, profile)
 
 
-def worker_costs_from_steps(traced_steps, cluster: Cluster, profile: Profile | None = None) -> dict:
+def worker_costs_from_steps(traced_steps, cluster: Cluster, profile=None) -> dict:
     """The run queue's per-message costs identified from traced steps, on ``cluster``'s
     links: ``traced_steps`` is one list of
-    :class:`~placetool.costmodel.workers_fit.ReplayStep` per graph. Returns
-    :func:`identify_worker_costs`'s dict."""
+    :class:`~placetool.costmodel.workers_fit.ReplayStep` per graph; ``profile`` one
+    :class:`~placetool.costmodel.calibration.Profile` with every graph's op times, or a
+    list of one per graph (each calibrated apart). Returns :func:`identify_worker_costs`'s
+    dict."""
     from placetool.costmodel import CostModel
     from placetool.costmodel.workers_fit import fit_worker_costs, message_inflation, op_inflation, with_inflation
 
     rsteps = [s for mine in traced_steps for s in mine]
     fit = fit_worker_costs(rsteps, cluster.latency_us, cluster.bandwidth_bytes_per_us)
     if profile is None:
-        return {"fit": fit, "costs": fit.costs, "inflation": None, "op_inflation": float("nan")}
+        return {"fit": fit, "costs": fit.costs, "inflation": None, "op_inflation": float("nan"),
+                "steps": traced_steps}
+    profiles = list(profile) if isinstance(profile, (list, tuple)) else [profile] * len(traced_steps)
+    if len(profiles) != len(traced_steps):
+        raise ValueError(f"{len(profiles)} profiles for {len(traced_steps)} graphs' traced steps")
     profiled, weighted = [], []
-    for mine in (m for m in traced_steps if m):
-        cm = CostModel(mine[0].graph, cluster, profile=profile)
-        base = np.maximum(cm.T - profile.dispatch_per_device(cluster)[None, :], 0.0)
+    for mine, prof in ((m, p) for m, p in zip(traced_steps, profiles) if m):
+        cm = CostModel(mine[0].graph, cluster, profile=prof)
+        base = np.maximum(cm.T - prof.dispatch_per_device(cluster)[None, :], 0.0)
         profiled += [base[np.arange(cm.graph.n_ops), s.placement] for s in mine]
         weighted.append((op_inflation(mine, base), len(mine)))
     infl = message_inflation(rsteps, profiled, cluster.n_devices)
     return {"fit": fit, "costs": with_inflation(fit.costs, infl), "inflation": infl,
-            "op_inflation": float(np.average([x for x, _ in weighted], weights=[n for _, n in weighted]))}
+            "op_inflation": float(np.average([x for x, _ in weighted], weights=[n for _, n in weighted])),
+            "steps": traced_steps}
 
 
 #: op times are rescaled only when the single-device steps measured among the designs
