@@ -175,3 +175,14 @@ def test_refine_identifies_the_costs_from_each_rounds_recordings_and_keeps_them(
     assert fs["held_out_median_abs_error_pct"] == pytest.approx(abs(pred - 5e4) / 5e4 * 100)
     cl2, fs2 = refit.add({"placements_g": [], "rows": []}, 2)  # nothing split was traced
     assert cl2 is cl1 and fs2["samples"] == 3 and fs2["params"] == fs["params"]
+
+
+def test_costs_from_several_graphs_take_one_profile_per_graph():
+    """Steps of graphs calibrated apart are pooled, each on its own profile: a list of
+    profiles that does not match the graphs is refused before any fitting."""
+    from placetool.costmodel.tf.calibrate import worker_costs_from_steps
+
+    g = graphs.load(os.path.join(DATA, "towers_sa.timeline.npz"))
+    rec = TL.load(os.path.join(DATA, "towers_sa.timeline.json"), g)
+    with pytest.raises(ValueError, match="2 profiles for 1 graphs"):
+        worker_costs_from_steps([steps_of(rec)], object(), [None, None])

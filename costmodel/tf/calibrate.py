@@ -421,14 +421,14 @@ def worker_costs_from_steps(traced_steps, cluster: Cluster, profile=None) -> dic
     from placetool.costmodel import CostModel
     from placetool.costmodel.workers_fit import fit_worker_costs, message_inflation, op_inflation, with_inflation
 
+    profiles = list(profile) if isinstance(profile, (list, tuple)) else [profile] * len(traced_steps)
+    if len(profiles) != len(traced_steps):
+        raise ValueError(f"{len(profiles)} profiles for {len(traced_steps)} graphs' traced steps")
     rsteps = [s for mine in traced_steps for s in mine]
     fit = fit_worker_costs(rsteps, cluster.latency_us, cluster.bandwidth_bytes_per_us)
     if profile is None:
         return {"fit": fit, "costs": fit.costs, "inflation": None, "op_inflation": float("nan"),
                 "steps": traced_steps}
-    profiles = list(profile) if isinstance(profile, (list, tuple)) else [profile] * len(traced_steps)
-    if len(profiles) != len(traced_steps):
-        raise ValueError(f"{len(profiles)} profiles for {len(traced_steps)} graphs' traced steps")
     profiled, weighted = [], []
     for mine, prof in ((m, p) for m, p in zip(traced_steps, profiles) if m):
         cm = CostModel(mine[0].graph, cluster, profile=prof)
