@@ -22,6 +22,9 @@ placement's measured step is also given as a paired per-round ratio to one devic
 beside the predicted ratio (``ratio|err|%``). ``--replay`` also traces one step of every
 placement and replays it with the traced op times (``placetool explain``): the error of
 the schedule and communication rules alone, per placement (goal: within 5%).
+``--workers-rule --logo`` also judges each graph under the run queue with its costs
+identified from the other graphs' traced designs only (leave-one-graph-out: do one
+testbed's costs carry to a graph they were not identified on?).
 
     .venv/bin/python benchmarks/accuracy.py                  # 2-worker CPU testbed, 3 graphs
     .venv/bin/python benchmarks/accuracy.py --json --rows-out rows.json
