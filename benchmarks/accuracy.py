@@ -261,7 +261,7 @@ def main(argv=None) -> int:
             t = trace_graph(s, log)
             # calibrate right before measuring: on a shared machine the load drifts over
             # minutes, and a profile taken long before is a profile of another load
-            kept = logo_in.setdefault(s, {})
+            kept = logo_in.setdefault(s, {}) if a.logo else None  # what --logo judges after the last graph
             models = models_for(t, spec, a, log, kept)
             cands = []
             for q, (cm_q, _, _) in models.items():  # every model's searches are among the candidates
@@ -283,7 +283,8 @@ def main(argv=None) -> int:
             replays = [replay_placement(t, p, spec, a.replay_steps, *wm) for _, p in cands] if a.replay else None
             for q, (cm, profile, fit) in models.items():
                 rows.append(judge_model(s, q, t, cm, profile, fit, cands, reps, sent, replays, detail, log))
-            kept.update(trace=t, cands=cands, reps=reps, sent=sent)
+            if kept is not None:
+                kept.update(trace=t, cands=cands, reps=reps, sent=sent)
     finally:
         if tb is not None:
             tb.stop()
@@ -300,13 +301,13 @@ def main(argv=None) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print()
-    print(f"{'graph':<44} {'rules':<17} {'ops':>5} {'pl':>4} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} "
+    print(f"{'graph':<44} {'rules':<19} {'ops':>5} {'pl':>4} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} "
           f"{'best':>5} {'noise±%':>8} {'sentinel±%':>10} {'ratio|err|%':>11} {'replay|err|%':>12} {'fit%':>6} "
           f"{'held%':>6}")
     for r in rows:
         f = r["calibration_fit_median_abs_error_pct"]
         h = r["calibration_held_out_median_abs_error_pct"]
-        print(f"{r['graph']:<44} {r['rules']:<17} {r['ops']:>5} {r['placements']:>4} "
+        print(f"{r['graph']:<44} {r['rules']:<19} {r['ops']:>5} {r['placements']:>4} "
               f"{r['median_abs_error_pct']:>9.1f} {r['max_abs_error_pct']:>9.1f} {r['kendall_tau']:>6.2f} "
               f"{('yes' if r['best_agrees'] else 'no'):>5} {r['noise_floor_pct']:>8.1f} "
               f"{_num(r.get('sentinel_noise_floor_pct')):>10} {_num(r.get('ratio_median_abs_error_pct')):>11} "
