@@ -19,9 +19,11 @@ A tensor needed on another device travels as TensorFlow sends it:
    (``request_us`` of the receiver's thread); the request reaches the sender after the
    link's latency back;
 2. the sender's thread runs the handler from the back of its queue (``handler_us``). If
-   the tensor is there, the handler encodes it (``send_us_per_byte``) and the response
-   leaves at its end; if not, the producer's thread encodes it as soon as the producer
-   ends, before anything else it holds, as the ``_Send`` does inline;
+   the ``_Send`` has run, the handler encodes the tensor (``send_us_per_byte``) and the
+   response leaves at its end; if not, the ``_Send`` encodes it when it runs and the
+   response leaves then. The ``_Send`` is one more op its producer makes ready, at the place
+   of its first edge among the producer's out-edges: pushed to the front with the others,
+   it runs after any that were pushed later, and after everything those make ready;
 3. the response takes the link's latency + bytes / bandwidth;
 4. the receiver's thread spends ``arrive_us + recv_us_per_byte x bytes`` on it, next
    after what it is running (the gRPC threads share the worker's core), and the
@@ -58,7 +60,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-OP, REQUEST, HANDLER, ENCODE, RECEIVE = range(5)
+OP, REQUEST, HANDLER, SEND, RECEIVE = range(5)
 # Event kinds: a task ends on a thread; a request reaches the sender; a response reaches the receiver.
 TASK_END, REQUEST_IN, RESPONSE_IN = range(3)
 
@@ -75,9 +77,10 @@ class WorkerCosts:
 
 
 #: the 2-core testbed's, the grid point that replays the recorded split steps of four
-#: graphs best together (``benchmarks/replay_workers.py``: median |error| 3.2%)
-TESTBED_COSTS = WorkerCosts(request_us=25.0, handler_us=50.0, send_us_per_byte=250e-6,
-                            arrive_us=25.0, recv_us_per_byte=250e-6)
+#: graphs best together, and each graph best from the other three
+#: (``benchmarks/replay_workers.py``: median |error| 2.8%)
+TESTBED_COSTS = WorkerCosts(request_us=50.0, handler_us=75.0, send_us_per_byte=250e-6,
+                            arrive_us=0.0, recv_us_per_byte=250e-6)
 
 
 def device_costs(costs, n_devices: int) -> np.ndarray:
@@ -129,16 +132,18 @@ class WorkerTrace:
 def _transfers(graph, p):
     """One transfer per (tensor, destination) of a data edge across devices, and per
     (producer, destination) of a control edge (TensorFlow sends an empty tensor), in the
-    order of their first edge; the local consumers of each op, in edge order."""
+    order of their first edge; what each op's end makes ready, in edge order: its local
+    consumers and, at its first edge, each transfer's ``_Send``."""
     index, producer, tensor, dst, nbytes, consumers, first = {}, [], [], [], [], [], []
-    local = [[] for _ in range(graph.n_ops)]
+    succ = [[] for _ in range(graph.n_ops)]
     for s, d, t in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_tensor.tolist()):
         if p[s] == p[d]:
-            local[s].append(d)
+            succ[s].append((OP, d))
             continue
         key = (t if t >= 0 else -1 - s, int(p[d]))
         x = index.setdefault(key, len(producer))
         if x == len(producer):
+            succ[s].append((SEND, x))
             producer.append(s)
             tensor.append(t)
             dst.append(int(p[d]))
@@ -147,7 +152,7 @@ def _transfers(graph, p):
             first.append(d)
         consumers[x].append(d)
         first[x] = min(first[x], d)
-    return local, producer, tensor, dst, nbytes, consumers, first
+    return succ, producer, tensor, dst, nbytes, consumers, first
 
 
 def simulate_workers(graph, op_us, placement, latency_us, bandwidth, costs=WorkerCosts()) -> WorkerTrace:
@@ -164,11 +169,8 @@ def simulate_workers(graph, op_us, placement, latency_us, bandwidth, costs=Worke
     n = graph.n_ops
     D = len(latency_us)
     c_req, c_handler, c_enc, c_arr, c_dec = device_costs(costs, D)
-    local, producer, tensor, dst, nbytes, consumers, first = _transfers(graph, p)
+    succ, producer, tensor, dst, nbytes, consumers, first = _transfers(graph, p)
     X = len(producer)
-    outgoing = [[] for _ in range(n)]
-    for x, s in enumerate(producer):
-        outgoing[s].append(x)
     missing = np.zeros(n, dtype=np.int64)
     np.add.at(missing, graph.edge_dst, 1)
     out_bytes = [int(b) for b in graph.out_bytes]
@@ -188,7 +190,7 @@ def simulate_workers(graph, op_us, placement, latency_us, bandwidth, costs=Worke
             for c in consumers[x]:
                 copies_of[c].append(x)
 
-    urgent = [deque() for _ in range(D)]  # message work that takes the core next
+    urgent = [deque() for _ in range(D)]  # arrivals: they take the core next
     front = [[] for _ in range(D)]        # taken from the end: last in, first out
     back = [deque() for _ in range(D)]
     running = [False] * D
@@ -197,7 +199,7 @@ def simulate_workers(graph, op_us, placement, latency_us, bandwidth, costs=Worke
     peak = np.zeros(D, np.int64)
     op_start, op_end = np.zeros(n), np.zeros(n)
     produced = [False] * X
-    handled = [False] * X  # the handler ran before the tensor was there
+    handled = [False] * X  # the handler ran before the _Send
     issue, response, arrival = (np.full(X, np.nan) for _ in range(3))
     events = []
     seq = 0
@@ -215,8 +217,8 @@ def simulate_workers(graph, op_us, placement, latency_us, bandwidth, costs=Worke
         s = p[producer[i]]
         if kind == HANDLER:
             return c_handler[s] + (c_enc[s] * nbytes[i] if produced[i] else 0.0)
-        if kind == ENCODE:
-            return c_enc[s] * nbytes[i]
+        if kind == SEND:
+            return c_enc[s] * nbytes[i] if handled[i] else 0.0
         return c_arr[dst[i]] + c_dec[dst[i]] * nbytes[i]
 
     def alloc(d, b):
@@ -268,14 +270,13 @@ def simulate_workers(graph, op_us, placement, latency_us, bandwidth, costs=Worke
             d, (task, i) = a, divmod(b, n + X)
             running[d] = False
             if task == OP:
-                for c in local[i]:
-                    missing[c] -= 1
-                    if missing[c] == 0:
-                        front[d].append((OP, c))
-                for x in outgoing[i]:
-                    produced[x] = True
-                    if handled[x]:
-                        urgent[d].append((ENCODE, x))  # the inline _Send answers before anything else
+                for k, j in succ[i]:
+                    if k == SEND:
+                        front[d].append((SEND, j))
+                        continue
+                    missing[j] -= 1
+                    if missing[j] == 0:
+                        front[d].append((OP, j))
                 if holders[i] == 0:
                     live[d] -= out_bytes[i]  # nothing holds its outputs
                 for q in inputs_of[i]:
@@ -287,7 +288,11 @@ def simulate_workers(graph, op_us, placement, latency_us, bandwidth, costs=Worke
             elif task == REQUEST:
                 issue[i] = now
                 at(now + latency_us[d, p[producer[i]]], REQUEST_IN, i)
-            elif task in (HANDLER, ENCODE) and produced[i]:
+            elif task == SEND:
+                produced[i] = True
+                if handled[i]:
+                    respond(i, now)
+            elif task == HANDLER and produced[i]:
                 respond(i, now)
             elif task == RECEIVE:
                 make_ready(consumers[i], d)

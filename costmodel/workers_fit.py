@@ -27,7 +27,7 @@ and the per-byte costs, and trade the request against the handler.
 >>> steps = [traced_like(g, op_us, (rng.random(g.n_ops) < f).astype(int), lat, bw, true) for f in (0.2, 0.3, 0.4, 0.5)]
 >>> fit = fit_worker_costs(steps, lat, bw)
 >>> fit.summary()["median_abs_error_pct"] < 0.1, round(fit.costs.arrive_us), round(fit.costs.send_us_per_byte * 1e6)
-(True, 8, 289)
+(True, 10, 275)
 """
 
 from __future__ import annotations

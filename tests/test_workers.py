@@ -63,8 +63,8 @@ def test_a_handler_waits_for_the_senders_queue_to_empty():
 
 def test_a_handler_that_came_first_has_the_producer_answer_at_once():
     """z (0) and a (2) on device 0, m (1) and c (3) on device 1; m -> a -> c across. Device
-    1's handler for m waits until m ends at 200 (5 µs), a runs from 235 to 265 and encodes
-    its 1000 bytes (10 µs) before anything else: c starts at 275 + 30."""
+    1's handler for m waits until m ends at 200 (5 µs), a runs from 235 to 265, and its
+    _Send, all it made ready, encodes its 1000 bytes (10 µs): c starts at 275 + 30."""
     g = _graph(4, [(1, 2), (2, 3)], out_bytes=[0, 0, 1000, 0])
     costs = WorkerCosts(handler_us=5.0, send_us_per_byte=0.01)
     t = simulate_workers(g, np.array([20.0, 200.0, 30.0, 10.0]), np.array([0, 1, 0, 1]), LAT, INF, costs)
@@ -72,6 +72,22 @@ def test_a_handler_that_came_first_has_the_producer_answer_at_once():
     assert t.x_response[order].tolist() == [205.0, 275.0]
     assert t.op_start.tolist() == [0.0, 0.0, 235.0, 305.0]
     assert t.busy_us.tolist() == [20.0 + 5.0 + 30.0 + 10.0, 200.0 + 5.0 + 10.0]
+
+
+@pytest.mark.parametrize("send_first", [True, False])
+def test_a_send_waits_beneath_what_its_producer_readied_after_it(send_first):
+    """As above, with f (4, 100 µs) on device 0 reading a too. The _Send of a's tensor is
+    made ready at the place of its edge: before f's edge, it sits beneath f on the stack
+    and encodes when f has run (365 to 375), so c starts at 375 + 30; after it, it goes
+    first (265 to 275) and f runs after."""
+    edges = [(1, 2), (2, 3), (2, 4)] if send_first else [(1, 2), (2, 4), (2, 3)]
+    g = _graph(5, edges, out_bytes=[0, 0, 1000, 0, 0])
+    costs = WorkerCosts(handler_us=5.0, send_us_per_byte=0.01)
+    t = simulate_workers(g, np.array([20.0, 200.0, 30.0, 10.0, 100.0]), np.array([0, 1, 0, 1, 0]), LAT, INF, costs)
+    sent = 375.0 if send_first else 275.0
+    assert t.x_response[np.argsort(t.x_producer)].tolist() == [205.0, sent]
+    assert t.op_start.tolist() == [0.0, 0.0, 235.0, sent + 30.0, 265.0 if send_first else 275.0]
+    assert t.busy_us.tolist() == [20.0 + 5.0 + 30.0 + 10.0 + 100.0, 200.0 + 5.0 + 10.0]
 
 
 def test_a_response_costs_the_receiver_before_its_queued_work():

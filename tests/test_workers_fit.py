@@ -46,12 +46,15 @@ def test_known_costs_are_replayed_back():
                        recv_us_per_byte=250e-6)
     steps, lat, bw = _steps(true)
     assert np.all(replay_errors(steps, lat, bw, true) == 0.0)
-    fit = fit_worker_costs(steps, lat, bw)
+    # the request cost barely moves these spans: the search needs 2,000 points to land
+    # where every step replays within 1%
+    fit = fit_worker_costs(steps, lat, bw, max_evaluations=2000)
     s = fit.summary()
     assert s["median_abs_error_pct"] < 0.25 and s["max_abs_error_pct"] < 1.0
+    assert fit.costs.handler_us == pytest.approx(75.0, rel=0.05)
     assert fit.costs.arrive_us == pytest.approx(50.0, rel=0.1)
     assert fit.costs.send_us_per_byte == pytest.approx(250e-6, rel=0.1)
-    assert fit.labels == [str(k) for k in range(6)] and 900 <= fit.evaluations <= 1100
+    assert fit.labels == [str(k) for k in range(6)] and 1800 <= fit.evaluations <= 2200
 
 
 def test_a_box_without_the_answer_fits_worse():

@@ -4,7 +4,7 @@ The same rules, event for event, as :func:`placetool.costmodel.workers.simulate_
 (the reference; ``tests/test_workers.py`` holds the two bit for bit on random graphs).
 Each device's three queues are linked lists through one ``nxt`` array, since a task sits
 in at most one queue at a time: ``urgent`` and ``back`` first in, first out, ``front`` a
-stack. Task ids: an op is itself, a transfer's request, handler, encoding and receipt
+stack. Task ids: an op is itself, a transfer's request, handler, ``_Send`` and receipt
 are ``n + x``, ``n + X + x``, ``n + 2X + x`` and ``n + 3X + x``. Events are a binary heap on
 (time, sequence number), as the reference's ``heapq`` orders them.
 """
@@ -79,14 +79,14 @@ def simulate(n, n_tensors, edge_src, edge_dst, edge_tensor, tensor_bytes, out_by
     x_first = np.empty(E, np.int64)
     x_ncons = np.zeros(E, np.int64)
     edge_x = np.full(E, -1, np.int64)
-    local_deg = np.zeros(n, np.int64)
+    succ_deg = np.zeros(n, np.int64)  # local consumers and _Sends per op
     missing = np.zeros(n, np.int64)
     X = 0
     for e in range(E):
         s, d, t = edge_src[e], edge_dst[e], edge_tensor[e]
         missing[d] += 1
         if p[s] == p[d]:
-            local_deg[s] += 1
+            succ_deg[s] += 1
             continue
         h = head_t[t] if t >= 0 else head_c[s]
         x = h
@@ -95,6 +95,7 @@ def simulate(n, n_tensors, edge_src, edge_dst, edge_tensor, tensor_bytes, out_by
         if x < 0:
             x = X
             X += 1
+            succ_deg[s] += 1
             x_prod[x], x_tensor[x], x_dst[x] = s, t, p[d]
             x_first[x] = d
             chain[x] = h
@@ -109,29 +110,35 @@ def simulate(n, n_tensors, edge_src, edge_dst, edge_tensor, tensor_bytes, out_by
     for x in range(X):
         if x_tensor[x] >= 0:
             nbytes[x] = tensor_bytes[x_tensor[x]]
-    # CSR in edge order: local consumers per op, consumers per transfer, outgoing per op
-    local_ptr = np.zeros(n + 1, np.int64)
+    # CSR in edge order: what an op's end makes ready (a local consumer as itself, a
+    # transfer's _Send at its first edge as its task id), consumers per transfer
+    succ_ptr = np.zeros(n + 1, np.int64)
     for i in range(n):
-        local_ptr[i + 1] = local_ptr[i] + local_deg[i]
-    local = np.empty(local_ptr[n], np.int64)
+        succ_ptr[i + 1] = succ_ptr[i] + succ_deg[i]
+    succ = np.empty(succ_ptr[n], np.int64)
     cons_ptr = np.zeros(X + 1, np.int64)
     for x in range(X):
         cons_ptr[x + 1] = cons_ptr[x] + x_ncons[x]
     cons = np.empty(cons_ptr[X], np.int64)
-    fill_l = local_ptr[:n].copy()
+    fill_l = succ_ptr[:n].copy()
     fill_c = cons_ptr[:X].copy()
+    listed = np.zeros(X, np.bool_)
     holders = np.zeros(n, np.int64)
     in_ptr = np.zeros(n + 1, np.int64)  # local data producers per consumer
     copies_deg = np.zeros(n, np.int64)
     for e in range(E):
         s, d, x = edge_src[e], edge_dst[e], edge_x[e]
         if x < 0:
-            local[fill_l[s]] = d
+            succ[fill_l[s]] = d
             fill_l[s] += 1
             if edge_tensor[e] >= 0:
                 holders[s] += 1
                 in_ptr[d + 1] += 1
         else:
+            if not listed[x]:
+                listed[x] = True
+                succ[fill_l[s]] = n + 2 * X + x
+                fill_l[s] += 1
             cons[fill_c[x]] = d
             fill_c[x] += 1
             if x_tensor[x] >= 0:
@@ -151,9 +158,7 @@ def simulate(n, n_tensors, edge_src, edge_dst, edge_tensor, tensor_bytes, out_by
     copies = np.empty(copy_ptr[n], np.int64)
     fill_k = copy_ptr[:n].copy()
     copy_holders = np.zeros(X, np.int64)
-    out_cnt = np.zeros(n, np.int64)
     for x in range(X):
-        out_cnt[x_prod[x]] += 1
         if x_tensor[x] >= 0:
             holders[x_prod[x]] += 1
             copy_holders[x] = x_ncons[x]
@@ -161,14 +166,6 @@ def simulate(n, n_tensors, edge_src, edge_dst, edge_tensor, tensor_bytes, out_by
                 c = cons[j]
                 copies[fill_k[c]] = x
                 fill_k[c] += 1
-    out_ptr = np.zeros(n + 1, np.int64)
-    for i in range(n):
-        out_ptr[i + 1] = out_ptr[i] + out_cnt[i]
-    outgoing = np.empty(X, np.int64)
-    fill_o = out_ptr[:n].copy()
-    for x in range(X):
-        outgoing[fill_o[x_prod[x]]] = x
-        fill_o[x_prod[x]] += 1
 
     # --- queues
     M = n + 4 * X
@@ -239,17 +236,14 @@ def simulate(n, n_tensors, edge_src, edge_dst, edge_tensor, tensor_bytes, out_by
             running[d] = False
             if task < n:
                 i = task
-                for j in range(local_ptr[i], local_ptr[i + 1]):
-                    c = local[j]
-                    missing[c] -= 1
-                    if missing[c] == 0:
-                        nxt[c] = fh[d]
-                        fh[d] = c
-                for j in range(out_ptr[i], out_ptr[i + 1]):
-                    x = outgoing[j]
-                    produced[x] = True
-                    if handled[x]:
-                        _fifo_push(nxt, uh, ut, d, n + 2 * X + x)
+                for j in range(succ_ptr[i], succ_ptr[i + 1]):
+                    c = succ[j]
+                    if c < n:
+                        missing[c] -= 1
+                        if missing[c] > 0:
+                            continue
+                    nxt[c] = fh[d]
+                    fh[d] = c
                 if holders[i] == 0:
                     live[d] -= out_bytes[i]
                 for j in range(in_ptr[i], in_ptr[i + 1]):
@@ -268,7 +262,10 @@ def simulate(n, n_tensors, edge_src, edge_dst, edge_tensor, tensor_bytes, out_by
                     x_issue[x] = now
                     seq += 1
                     size = _push(ht, hs, hk, ha, size, now + lat[d, p[x_prod[x]]], seq, REQUEST_IN, x)
-                elif (tk == 1 or tk == 2) and produced[x]:
+                elif tk == 2 and not handled[x]:
+                    produced[x] = True
+                elif tk == 2 or (tk == 1 and produced[x]):
+                    produced[x] = True
                     s = p[x_prod[x]]
                     x_resp[x] = now
                     x_arr[x] = now + lat[s, x_dst[x]] + nbytes[x] / bw[s, x_dst[x]]
@@ -356,7 +353,7 @@ def _start(d, now, n, X, p, op_us, out_bytes, nbytes, x_prod, x_dst, costs, nxt,
             if not produced[x]:
                 handled[x] = True
         elif kind == 2:
-            dur = costs[2, s] * nbytes[x]
+            dur = costs[2, s] * nbytes[x] if handled[x] else 0.0
         else:
             dur = costs[3, x_dst[x]] + costs[4, x_dst[x]] * nbytes[x]
     running[d] = True
