@@ -391,6 +391,9 @@ def test_interleaved_measurements_and_verify_top(mlp, testbed):
         c = v["confirmation"]
         assert v["confirmed"] and c["confirmed"] and meas[0] < min(meas[1:]) and c["rounds"] == 5
         assert c["gain_pct"] > c["noise_floor_pct"] and c["rounds_faster"] >= 4
+        # beating the best baseline is not enough: one device too, in the same fresh run
+        one = c["against_single"]
+        assert (one is None) == (v["best_baseline"] == 1) and (one is None or one["confirmed"])
     elif "confirmation" in v:
         assert not v["confirmation"]["confirmed"] and not v["confirmed"]
 

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from placetool.costmodel.tf.runner import judge
+from placetool.costmodel.tf.runner import _tally, confirm, judge
 
 CPU2 = """
 name = "cpu2"
@@ -98,6 +98,21 @@ def test_a_baseline_within_the_noise_of_one_device_does_not_replace_it():
     assert "recommending single (metis measured only 4.5% faster than single, within the noise)" in v["message"]
     v = judge(rows, sentinel_floor_pct=1.0)
     assert not v["confirmed"] and v["recommended"] == 2 and v["message"].endswith("recommending metis")
+
+
+def test_a_fresh_run_with_too_few_steady_rounds_confirms_nothing():
+    """The same rounds, 8-10% faster each: all five, or three the sentinel kept, confirm;
+    one or two kept rounds do not, and the tally says how many it kept."""
+    fast, base = [90, 92, 91, 90, 92], [100, 100, 101, 99, 100]
+    assert confirm(fast, base, noise_floor_pct=2.0)["confirmed"]
+    assert confirm(fast, base, noise_floor_pct=2.0, keep=[0, 2, 4])["confirmed"]
+    for keep in ([3], [1, 4]):
+        c = confirm(fast, base, noise_floor_pct=2.0, keep=keep)
+        assert not c["confirmed"] and c["gain_pct"] > 2.0 and c["rounds_faster"] == c["rounds"] == len(keep)
+    assert _tally(confirm(fast, base, 2.0, keep=[3])) == "faster in 1 of 1, the 1 of 5 the sentinel kept"
+    assert _tally(confirm(fast, base, 2.0)) == "faster in 5 of 5"
+    # a run of two rounds needs both
+    assert confirm(fast[:2], base[:2], noise_floor_pct=2.0)["confirmed"]
 
 
 def test_a_search_result_equal_to_a_baseline_is_that_baseline():

@@ -536,25 +536,31 @@ def verify_top(traced, candidates, spec: ClusterSpec | None = None, testbed: int
         if confirm_rounds and out["confirmed"]:
             b = out["best_baseline"]
             c = out["confirmation"] = fresh(sp, rows, s, b)
-            if not c["confirmed"]:
+            # a search placement must beat one device in the fresh run too, not only the baseline
+            # that looked best in the run that chose it
+            one = c["against_single"] = (confirm(c["round_us"][s], c["round_us"][ref], c["noise_floor_pct"],
+                                                 keep=c["kept"])
+                                         if candidates[ref]["source"] == "single" and ref not in (s, b) else None)
+            if not c["confirmed"] or (one and not one["confirmed"]):
+                failed, vs = (c, b) if not c["confirmed"] else (one, ref)
                 out["confirmed"] = False
                 out["recommended"] = out["fallback"]
                 out["message"] = (f"NOT confirmed: {rows[s]['label']} measured {out['gain_pct']:.1f}% faster than "
-                                  f"{rows[b]['label']} in the run that chose it, but {c['gain_pct']:+.1f}% in a "
-                                  f"fresh run of {confirm_rounds} paired rounds (faster in {c['rounds_faster']} of "
-                                  f"{c['rounds']}, noise floor {c['noise_floor_pct']:.1f}%); recommending "
+                                  f"{rows[b]['label']} in the run that chose it, but {failed['gain_pct']:+.1f}% "
+                                  f"against {rows[vs]['label']} in a fresh run of {confirm_rounds} paired rounds "
+                                  f"({_tally(failed)}, noise floor {failed['noise_floor_pct']:.1f}%); recommending "
                                   f"{rows[out['fallback']]['label']}")
             else:
                 out["message"] += (f"; confirmed by a fresh run of {confirm_rounds} paired rounds: "
-                                   f"{c['gain_pct']:+.1f}% (faster in {c['rounds_faster']} of {c['rounds']})")
+                                   f"{c['gain_pct']:+.1f}% ({_tally(c)})"
+                                   + (f", {one['gain_pct']:+.1f}% against {rows[ref]['label']}" if one else ""))
         r = out["recommended"]
         if confirm_rounds and rows[r]["source"] not in ("search", "single") and candidates[ref]["source"] == "single":
             # a baseline replaces one device only when a fresh run agrees, as a search placement does
             c = out["baseline_confirmation"] = fresh(sp, rows, r, ref)
             verdict = "confirmed" if c["confirmed"] else "NOT confirmed"
             out["message"] += (f"; {rows[r]['label']} {verdict} against {rows[ref]['label']} by a fresh run of "
-                               f"{confirm_rounds} paired rounds: {c['gain_pct']:+.1f}% (faster in "
-                               f"{c['rounds_faster']} of {c['rounds']})")
+                               f"{confirm_rounds} paired rounds: {c['gain_pct']:+.1f}% ({_tally(c)})")
             if not c["confirmed"]:
                 out["recommended"] = ref
                 out["message"] += f"; recommending {rows[ref]['label']}"
@@ -577,6 +583,8 @@ def verify_top(traced, candidates, spec: ClusterSpec | None = None, testbed: int
         c = confirm(reps2[idx.index(win)].round_us, reps2[idx.index(against)].round_us, sent2["noise_floor_pct"],
                     keep=sent2["paired_rounds"])
         c["ratio_to_single"] = {rows[i]["label"]: sent2["paired"][k]["ratio"] for k, i in enumerate(idx)}
+        c["round_us"] = {i: list(reps2[k].round_us) for k, i in enumerate(idx)}  # by row
+        c["kept"] = list(sent2["paired_rounds"])
         c["sentinel"] = {k: v for k, v in sent2.items() if k != "paired"}
         return c
 
@@ -591,15 +599,20 @@ def verify_top(traced, candidates, spec: ClusterSpec | None = None, testbed: int
     return out
 
 
-def confirm(search_round_us, baseline_round_us, noise_floor_pct: float, keep=None, share: float = 0.8) -> dict:
+def confirm(search_round_us, baseline_round_us, noise_floor_pct: float, keep=None, share: float = 0.8,
+            min_rounds: int = 3) -> dict:
     """Does a fresh run confirm that a placement beats the baseline? Round by round, its
     median step over the baseline's (paired, so load that hits a round cancels): confirmed
     when the median of those ratios is faster by more than the noise floor and the
-    placement was faster in at least ``share`` of the rounds (``keep``: rounds to use).
+    placement was faster in at least ``share`` of the rounds (``keep``: the rounds to use,
+    those the sentinel did not flag). Fewer than ``min_rounds`` rounds kept (or than were
+    run, if fewer) confirm nothing: one steady round cannot tell a gain from the noise.
 
     >>> confirm([90, 95, 92, 91, 99], [100, 100, 101, 99, 98], noise_floor_pct=2.0)["confirmed"]
     True
     >>> confirm([90, 105, 92, 104, 99], [100, 100, 101, 99, 98], noise_floor_pct=2.0)["confirmed"]
+    False
+    >>> confirm([90, 95, 92, 91, 99], [100, 100, 101, 99, 98], noise_floor_pct=2.0, keep=[2])["confirmed"]
     False
     """
     s, b = np.asarray(search_round_us, np.float64), np.asarray(baseline_round_us, np.float64)
@@ -607,9 +620,17 @@ def confirm(search_round_us, baseline_round_us, noise_floor_pct: float, keep=Non
     q = s[rounds] / b[rounds]
     gain = 100.0 * (1.0 - float(np.median(q)))
     faster = int(np.count_nonzero(q < 1.0))
-    ok = gain > noise_floor_pct and faster >= int(np.ceil(share * q.size))
+    enough = q.size >= min(min_rounds, s.size)
+    ok = enough and gain > noise_floor_pct and faster >= int(np.ceil(share * q.size))
     return {"confirmed": bool(ok), "gain_pct": gain, "ratios": [float(x) for x in q], "rounds": int(q.size),
-            "rounds_faster": faster, "noise_floor_pct": float(noise_floor_pct)}
+            "rounds_run": int(s.size), "rounds_faster": faster, "noise_floor_pct": float(noise_floor_pct)}
+
+
+def _tally(c: dict) -> str:
+    """'faster in 4 of 5', and how many rounds the sentinel kept where it flagged some."""
+    kept = "" if c["rounds"] == c.get("rounds_run", c["rounds"]) else \
+        f", the {c['rounds']} of {c['rounds_run']} the sentinel kept"
+    return f"faster in {c['rounds_faster']} of {c['rounds']}{kept}"
 
 
 def judge(rows: list[dict], sentinel_floor_pct: float = 0.0) -> dict:
