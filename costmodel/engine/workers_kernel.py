@@ -177,7 +177,7 @@ def simulate(n, n_tensors, edge_src, edge_dst, edge_tensor, tensor_bytes, out_by
     bt = np.full(D, -1, np.int64)
     running = np.zeros(D, np.bool_)
     live = np.zeros(D, np.int64)
-    produced = np.zeros(X, np.bool_)
+    produced = np.zeros(X, np.bool_)  # the _Send has run
     handled = np.zeros(X, np.bool_)
     for d in range(D):
         busy[d] = 0.0
