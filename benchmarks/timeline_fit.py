@@ -263,17 +263,13 @@ def steps_idle_cluster(data, name, fit_on=None):
 def anchor(graph, prof, recs) -> float:
     """Scale ``prof``'s op times of ``graph`` (in place) so that the median of its
     one-device recordings' measured steps over their predictions is 1, as calibrate
-    anchors them (:func:`placetool.costmodel.tf.calibrate.scale_op_times`); returns the
+    anchors them (:func:`placetool.costmodel.tf.calibrate.one_device_ratio`); returns the
     factor applied."""
-    from placetool.costmodel import CostModel
-    from placetool.costmodel.tf.calibrate import scale_op_times
+    from placetool.costmodel.tf.calibrate import one_device_ratio, scale_op_times
 
-    cm = CostModel(graph, prof.cluster(), profile=prof)
-    over = prof.step_overhead(1)
-    ratios = [(float(np.median(rec.untraced_step_us)) - over)
-              / cm.simulate(np.ascontiguousarray(rec.placement, np.int32)).step_time_us
-              for label, rec in recs if label.startswith("single:")]
-    return scale_op_times(prof, graph.name, list(prof.ops), np.median(ratios)) if ratios else 1.0
+    one = [(rec.placement, float(np.median(rec.untraced_step_us)))
+           for label, rec in recs if label.startswith("single:")]
+    return scale_op_times(prof, graph.name, list(prof.ops), one_device_ratio(graph, prof, prof.cluster(), one))
 
 
 def workers_costs(data, name, fit_on=None) -> dict:

@@ -458,6 +458,21 @@ def scale_op_times(profile, graph_name: str, kinds, factor: float) -> float:
     return factor
 
 
+def one_device_ratio(graph, profile, cluster, steps) -> float:
+    """Median over ``steps`` ((per-op placement on one device, measured step µs) pairs) of
+    the measured step, less the one-device step overhead, over its prediction from
+    ``profile`` on ``cluster``: the factor that anchors the profiled op times to them
+    (NaN without steps)."""
+    from placetool.costmodel import CostModel
+
+    if not steps:
+        return float("nan")
+    cm = CostModel(graph, cluster, profile=profile)
+    over = profile.step_overhead(1)
+    return float(np.median([(measured - over) / cm.simulate(np.ascontiguousarray(p, np.int32)).step_time_us
+                            for p, measured in steps]))
+
+
 def _anchor_op_times(traced_list, samples, profile, cluster, kinds, log) -> None:
     """Scale each graph's profiled op times so that its one-device step, predicted, is
     the one-device step measured among the designed splits (untraced, interleaved with
@@ -465,17 +480,12 @@ def _anchor_op_times(traced_list, samples, profile, cluster, kinds, log) -> None
     before the workers settled (towers: profiled at 91 ms, measured at 82 ms later in
     the same run). The op times keep their proportions; ``profile.meta["graphs"][name]
     ["op_time_scale"]`` records the factor."""
-    from placetool.costmodel import CostModel
-
     for t in traced_list:
         g = t.graph
-        one = [s for s in samples if s.graph is g and s.label.startswith("single:")]
+        one = [(s.placement, s.measured_us) for s in samples if s.graph is g and s.label.startswith("single:")]
         if not one:
             continue
-        cm = CostModel(g, cluster, profile=profile)
-        over = profile.step_overhead(1)
-        ratios = [(s.measured_us - over) / cm.simulate(s.placement).step_time_us for s in one]
-        factor = scale_op_times(profile, g.name, kinds, np.median(ratios))
+        factor = scale_op_times(profile, g.name, kinds, one_device_ratio(g, profile, cluster, one))
         if factor == 1.0:
             continue
         profile.meta["graphs"].setdefault(g.name, {})["op_time_scale"] = factor
