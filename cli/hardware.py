@@ -492,7 +492,8 @@ def verify(source, batch, mode, optimizer, zoo_args, placement, profile, cluster
     click.echo(f"measured    {fmt_us(m.step_us)}   (median of {len(m.steps_us)} steps)")
     if sent is not None:
         click.echo(f"vs 1 device {out['ratio_to_one_device']:.3f}x one device's {fmt_us(m1.step_us)} (paired over "
-                   f"{len(sent['paired_rounds'])} rounds; predicted {out['predicted_ratio_to_one_device']:.3f}x)")
+                   f"{len(sent['paired_rounds'])} rounds{'' if sent['kept_rounds'] else ', every one flagged'}; "
+                   f"predicted {out['predicted_ratio_to_one_device']:.3f}x)")
         click.echo(f"noise floor ±{sent['noise_floor_pct']:.1f}% (sentinel step)"
                    + (f"; rounds flagged: {sent['flagged_rounds']}" if sent["flagged_rounds"] else ""))
     click.echo(f"predicted   {fmt_us(predicted)}   (simulated {fmt_us(sim)} + step overhead {fmt_us(over)})")

@@ -61,7 +61,20 @@ def test_monitor_reruns_a_drifting_round_then_flags_when_no_redo_is_left():
     assert [m.again(0), m.again(1), m.again(1), m.again(2)] == [False, True, False, False]
     rep = m.report()
     assert rep["redone"] == 1 and rep["after_round_us"] == [101, 103, 130]
-    assert rep["flagged_rounds"] == [2] and rep["paired_rounds"] == [0, 1]
+    assert rep["flagged_rounds"] == [2] and rep["paired_rounds"] == rep["kept_rounds"] == [0, 1]
+
+
+def test_monitor_keeps_no_round_when_the_sentinel_flags_every_one():
+    """Every round drifted (120, 60, 125 against a floor of 2%) and no redo is allowed:
+    none is kept, so nothing can be confirmed from the run; the ratios shown fall back to
+    every round."""
+    from placetool.costmodel.tf.sentinel import Monitor
+
+    m = Monitor(Scripted([100, 102, 98, 120, 60, 125]), rounds=3, calibrate=3, max_redo=0)
+    m.start()
+    assert [m.again(r) for r in range(3)] == [False] * 3
+    rep = m.report()
+    assert rep["flagged_rounds"] == [0, 1, 2] and rep["kept_rounds"] == [] and rep["paired_rounds"] == [0, 1, 2]
 
 
 @pytest.mark.slow

@@ -111,6 +111,10 @@ def test_a_fresh_run_with_too_few_steady_rounds_confirms_nothing():
         assert not c["confirmed"] and c["gain_pct"] > 2.0 and c["rounds_faster"] == c["rounds"] == len(keep)
     assert _tally(confirm(fast, base, 2.0, keep=[3])) == "faster in 1 of 1, the 1 of 5 the sentinel kept"
     assert _tally(confirm(fast, base, 2.0)) == "faster in 5 of 5"
+    # a run whose every round the sentinel flagged keeps none: its gain is shown, nothing confirmed
+    c = confirm(fast, base, noise_floor_pct=2.0, keep=[])
+    assert not c["confirmed"] and c["rounds"] == 0 and c["rounds_faster"] == 5 and c["gain_pct"] > 8.0
+    assert _tally(c) == "faster in 5 of 5, every one flagged by the sentinel"
     # a run of two rounds needs both
     assert confirm(fast[:2], base[:2], noise_floor_pct=2.0)["confirmed"]
 

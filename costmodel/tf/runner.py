@@ -580,11 +580,12 @@ def verify_top(traced, candidates, spec: ClusterSpec | None = None, testbed: int
                 f"of {confirm_rounds} paired rounds ...")
         idx = list(dict.fromkeys([ref, against, win]))
         reps2, sent2 = measure(sp, [P[i] for i in idx], confirm_rounds, 0)
+        # every round flagged keeps none: a run the sentinel saw disturbed throughout confirms nothing
         c = confirm(reps2[idx.index(win)].round_us, reps2[idx.index(against)].round_us, sent2["noise_floor_pct"],
-                    keep=sent2["paired_rounds"])
+                    keep=sent2["kept_rounds"])
         c["ratio_to_single"] = {rows[i]["label"]: sent2["paired"][k]["ratio"] for k, i in enumerate(idx)}
         c["round_us"] = {i: list(reps2[k].round_us) for k, i in enumerate(idx)}  # by row
-        c["kept"] = list(sent2["paired_rounds"])
+        c["kept"] = list(sent2["kept_rounds"])
         c["sentinel"] = {k: v for k, v in sent2.items() if k != "paired"}
         return c
 
@@ -605,8 +606,9 @@ def confirm(search_round_us, baseline_round_us, noise_floor_pct: float, keep=Non
     median step over the baseline's (paired, so load that hits a round cancels): confirmed
     when the median of those ratios is faster by more than the noise floor and the
     placement was faster in at least ``share`` of the rounds (``keep``: the rounds to use,
-    those the sentinel did not flag). Fewer than ``min_rounds`` rounds kept (or than were
-    run, if fewer) confirm nothing: one steady round cannot tell a gain from the noise.
+    those the sentinel did not flag; None for all). Fewer than ``min_rounds`` rounds kept
+    (or than were run, if fewer) confirm nothing: one steady round cannot tell a gain from
+    the noise. With none kept the gain is still reported, from every round.
 
     >>> confirm([90, 95, 92, 91, 99], [100, 100, 101, 99, 98], noise_floor_pct=2.0)["confirmed"]
     True
@@ -614,20 +616,24 @@ def confirm(search_round_us, baseline_round_us, noise_floor_pct: float, keep=Non
     False
     >>> confirm([90, 95, 92, 91, 99], [100, 100, 101, 99, 98], noise_floor_pct=2.0, keep=[2])["confirmed"]
     False
+    >>> confirm([90, 95, 92, 91, 99], [100, 100, 101, 99, 98], noise_floor_pct=2.0, keep=[])["confirmed"]
+    False
     """
     s, b = np.asarray(search_round_us, np.float64), np.asarray(baseline_round_us, np.float64)
-    rounds = np.arange(s.size) if not keep else np.asarray(list(keep), np.int64)
-    q = s[rounds] / b[rounds]
+    rounds = np.arange(s.size) if keep is None else np.asarray(list(keep), np.int64)
+    q = (s[rounds] / b[rounds]) if rounds.size else (s / b)
     gain = 100.0 * (1.0 - float(np.median(q)))
     faster = int(np.count_nonzero(q < 1.0))
-    enough = q.size >= min(min_rounds, s.size)
+    enough = rounds.size > 0 and rounds.size >= min(min_rounds, s.size)
     ok = enough and gain > noise_floor_pct and faster >= int(np.ceil(share * q.size))
-    return {"confirmed": bool(ok), "gain_pct": gain, "ratios": [float(x) for x in q], "rounds": int(q.size),
+    return {"confirmed": bool(ok), "gain_pct": gain, "ratios": [float(x) for x in q], "rounds": int(rounds.size),
             "rounds_run": int(s.size), "rounds_faster": faster, "noise_floor_pct": float(noise_floor_pct)}
 
 
 def _tally(c: dict) -> str:
     """'faster in 4 of 5', and how many rounds the sentinel kept where it flagged some."""
+    if c["rounds"] == 0:
+        return f"faster in {c['rounds_faster']} of {c['rounds_run']}, every one flagged by the sentinel"
     kept = "" if c["rounds"] == c.get("rounds_run", c["rounds"]) else \
         f", the {c['rounds']} of {c['rounds_run']} the sentinel kept"
     return f"faster in {c['rounds_faster']} of {c['rounds']}{kept}"

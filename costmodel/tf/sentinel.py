@@ -66,7 +66,9 @@ class Monitor:
     times it after a round and says whether the round should be run again: the sentinel
     drifted beyond the limit during it and fewer than ``max_redo`` rounds were redone.
     :meth:`report` is the account: {noise_floor_pct, baseline_us, limit_pct,
-    after_round_us, drift_pct, redone, flagged_rounds, paired_rounds}.
+    after_round_us, drift_pct, redone, flagged_rounds, kept_rounds (those not flagged,
+    possibly none), paired_rounds (the kept ones, or every round if none was kept: ratios
+    to show, not to confirm with)}.
     """
 
     def __init__(self, sentinel: Sentinel, rounds: int, calibrate: int = 5, limit_factor: float = 2.0,
@@ -101,7 +103,8 @@ class Monitor:
         keep = [r for r in range(self.rounds) if r not in flagged]
         return {"noise_floor_pct": self.floor, "baseline_us": self.baseline, "limit_pct": self.limit,
                 "after_round_us": self.after, "drift_pct": [float(x) for x in noise.drift_pct(self.after, self.baseline)],
-                "redone": self.redone, "flagged_rounds": flagged, "paired_rounds": keep or list(range(self.rounds))}
+                "redone": self.redone, "flagged_rounds": flagged, "kept_rounds": keep,
+                "paired_rounds": keep or list(range(self.rounds))}
 
 
 def measure_with_sentinel(traced, placements, spec, rounds: int = 3, steps: int = 3, warmup: int = 2,
