@@ -305,15 +305,18 @@ def testbed_status(state, as_json):
               show_default=True,
               help="When does a tensor leave its device (links.send)? auto: workers between TF worker "
                    "processes, eager on this process's own devices. workers: as a TF worker's one compute "
-                   "thread serves it (its run queue, docs/simulator.md), its costs identified from traced split "
-                   "steps of this run (docs/hardware.md); idle: a worker serves transfers only with no op of "
-                   "its own ready, its costs fitted to whole steps; aside: at once, the send cost paid on the "
-                   "device beside the wire.")
+                   "thread serves it (its run queue, docs/simulator.md), its costs from --worker-costs; "
+                   "idle: a worker serves transfers only with no op of its own ready, its costs fitted to "
+                   "whole steps; aside: at once, the send cost paid on the device beside the wire.")
+@click.option("--worker-costs", type=click.Choice(["steps", "traces"]), default="steps", show_default=True,
+              help="Under links.send workers, where the per-message costs come from: fitted to the designed "
+                   "splits' whole steps, or identified from --split-steps traced steps of each "
+                   "(docs/hardware.md).")
 @quiet_option
 @json_option
 def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, testbed_device, cluster_spec,
               local, out, cluster_out, trace_steps, reps, max_transfer, split_steps, rounds, max_noise,
-              refuse_noisy, name, link_queue, link_send, quiet, as_json):
+              refuse_noisy, name, link_queue, link_send, worker_costs, quiet, as_json):
     """Measure op times and links on real devices; write a profile and a cluster file."""
     require_tf()
     cluster_out = cluster_out or str(Path(out).with_suffix(".toml"))
@@ -336,7 +339,7 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
         profile, cluster = run_calibration(traced, spec, sizes=sizes, trace_steps=trace_steps, reps=reps,
                                            name=name, log=log, timeout_s=timeout_s, split_steps=split_steps,
                                            rounds=rounds, max_noise_pct=max_noise, link_queue=link_queue,
-                                           link_send=link_send)
+                                           link_send=link_send, worker_costs=worker_costs)
     noisy = profile.meta.get("noisy")
     if noisy and refuse_noisy:
         click.echo(f"placetool: {noisy}; nothing written (--refuse-noisy)", err=True)
@@ -369,8 +372,9 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
     tf_ = summary["transfer_fit"]
     if tf_:
         p = tf_["params"]
-        click.echo(f"  device time per transfer: send {p['send_us']:,.1f} µs + {p['send_us_per_byte'] * 1e6:,.1f} µs/MB, "
-                   f"receive {p['recv_us']:,.1f} µs + {p['recv_us_per_byte'] * 1e6:,.1f} µs/MB "
+        send, recv = ("handler", "arrival") if summary["link_send"] == "workers" else ("send", "receive")
+        click.echo(f"  device time per transfer: {send} {p['send_us']:,.1f} µs + {p['send_us_per_byte'] * 1e6:,.1f} "
+                   f"µs/MB, {recv} {p['recv_us']:,.1f} µs + {p['recv_us_per_byte'] * 1e6:,.1f} µs/MB "
                    f"(links.queue {summary['link_queue']}, links.send {summary['link_send']})")
         f, h = tf_["fit"], tf_["held_out"]
         click.echo(f"  step error: fit median {_pct(f['median_abs_error_pct'])} (max {_pct(f['max_abs_error_pct'])}, "

@@ -21,6 +21,7 @@ from placetool.costmodel import CostModel
 from placetool.costmodel.calibration import (UNMEASURED_BANDWIDTH, OpFit, Profile, ProfileError, count_latency,
                                              fit_link, fit_op_type, load_profile)
 from placetool.costmodel.errors import UserError
+from placetool.costmodel.workers import TESTBED_COSTS
 
 from .helpers import cluster as make_cluster
 from .helpers import nxgraph
@@ -433,7 +434,7 @@ def test_calibrate_and_verify_cli(mlp, testbed, tmp_path):
     r = CliRunner().invoke(cli, ["calibrate", "-g", "mlp", "--batch", "16", "--cluster-spec", str(spec),
                                  "--out", str(out), "--reps", "3", "--max-transfer", "65536",
                                  "--trace-steps", "2", "--split-steps", "1", "--rounds", "2", "--max-noise", "0",
-                                 "--link-send", "idle", "--json"])
+                                 "--json"])  # TF workers: links.send workers, its costs fitted to whole steps
     assert r.exit_code == 0, r.output + repr(r.exception)
     summary = json.loads(r.output[r.output.index("{"):r.output.rindex("}") + 1])
     prof = load_profile(out)
@@ -449,6 +450,9 @@ def test_calibrate_and_verify_cli(mlp, testbed, tmp_path):
     costs = cl.transfer_costs()
     assert costs[:, 0].tolist() == costs[:, 1].tolist() == [fit["params"][k] for k in
                                                             ("send_us", "send_us_per_byte", "recv_us", "recv_us_per_byte")]
+    # the run queue: handler and arrival fitted, the request's cost the testbed's
+    assert cl.link_send == summary["link_send"] == "workers" and "worker_fit" not in prof.meta
+    assert [d.request_us for d in cl.devices] == [TESTBED_COSTS.request_us] * 2
     from placetool.costmodel.cluster import load as load_cluster
 
     assert np.array_equal(load_cluster(tmp_path / "prof.toml").transfer_costs(), costs)  # the TOML carries them
@@ -561,9 +565,10 @@ def test_testbed_up_status_down_cli(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_calibrate_identifies_worker_costs_from_its_own_traced_steps(mlp, testbed, tmp_path):
-    """``calibrate`` on TF workers (``--link-send workers``, the default there): the
-    per-message costs come from traced split steps of the session itself, replayed; the
-    links stay the lone transfers' and every device carries the identified costs."""
+    """``calibrate --worker-costs traces`` on TF workers (``links.send`` workers, the default
+    there): the per-message costs come from traced split steps of the session itself,
+    replayed; the links stay the lone transfers' and every device carries the identified
+    costs."""
     from click.testing import CliRunner
 
     from placetool.cli.main import cli
@@ -575,7 +580,7 @@ def test_calibrate_identifies_worker_costs_from_its_own_traced_steps(mlp, testbe
     _fresh_keras()
     r = CliRunner().invoke(cli, ["calibrate", "-g", "mlp", "--batch", "16", "--cluster-spec", str(spec),
                                  "--out", str(out), "--reps", "3", "--max-transfer", "65536", "--trace-steps", "1",
-                                 "--split-steps", "1", "--rounds", "2"])  # workers: the default for TF workers
+                                 "--split-steps", "1", "--rounds", "2", "--worker-costs", "traces"])
     assert r.exit_code == 0, r.output + repr(r.exception)
     logs = r.output.splitlines()
     prof = load_profile(out)

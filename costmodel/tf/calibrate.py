@@ -16,7 +16,8 @@
 - per-op-type fits from all the medians;
 - designed split placements of each graph, measured repeatedly and interleaved, to
   which the device-side transfer costs are fitted (see :func:`calibrate`); under
-  ``links.send`` "workers", traced too, and the costs identified from the traces.
+  ``links.send`` "workers" with ``worker_costs="traces"``, traced instead, and the costs
+  identified from the traces.
 
 It returns the :class:`~placetool.costmodel.calibration.Profile` and the calibrated
 :class:`~placetool.costmodel.cluster.Cluster` (links from the fits, roofline fields from the
@@ -43,6 +44,9 @@ from .session import import_tf, onednn_setting, session_config
 from .testbed import ClusterSpec
 
 DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))  # 1 KB .. 64 MB
+#: where the run queue's per-message costs come from under ``links.send`` "workers": the
+#: designed splits' whole steps, or their traced timelines
+WORKER_COSTS = ("steps", "traces")
 
 
 def device_names(spec: ClusterSpec) -> list[str]:
@@ -171,7 +175,7 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
               reps: int = 9, memory_bytes: dict | None = None, name: str = "calibrated",
               log=print, timeout_s: float = 300.0, split_steps: int = 3, rounds: int = 3,
               max_noise_pct: float = 10.0, link_queue: str = "auto", link_send: str = "auto",
-              fit_inputs: dict | None = None) -> tuple[Profile, Cluster]:
+              fit_inputs: dict | None = None, worker_costs: str = "steps") -> tuple[Profile, Cluster]:
     """Measure everything and return (profile, cluster); see the module docstring.
 
     ``link_queue``: the cluster's ``links.queue``; ``auto`` is ``none`` for TF worker
@@ -192,9 +196,15 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
     per device, the send/receive time per message and per byte. ``profile.meta
     ["transfer_fit"]`` holds the fit, its error on the placements held out of it and the
     noise floor; ``profile.meta["noisy"]`` a warning when that floor exceeds ``max_noise_pct``.
-    Under ``link_send`` "workers" the costs come from ``split_steps`` traced steps of each
-    design instead (:func:`identify_worker_costs`), recorded in ``profile.meta["worker_fit"]``.
+    Under ``link_send`` "workers" the run queue's costs (handler, arrival, µs per byte at
+    each end, link latency; the request's stays :data:`~placetool.costmodel.workers.TESTBED_COSTS`')
+    are fitted to those steps the same way (``worker_costs="steps"``: in two live sessions
+    its predictions were the closest, benchmarks/README.md), or identified from
+    ``split_steps`` traced steps of each design instead (``"traces"``:
+    :func:`identify_worker_costs`, recorded in ``profile.meta["worker_fit"]``).
     """
+    if worker_costs not in WORKER_COSTS:
+        raise ValueError(f"worker_costs is one of {', '.join(WORKER_COSTS)}, not {worker_costs!r}")
     tf = import_tf()
     names = device_names(spec)
     D = len(names)
@@ -219,7 +229,7 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
     cluster = _cluster(name, names, spec, profile, lat, bw, memory_bytes or {}, link_queue, link_send)
     if split_steps > 0 and D > 1:
         cluster = _fit_transfers(traced_list, spec, profile, cluster, split_steps, rounds, timeout_s,
-                                 max_noise_pct, fit_inputs, log)
+                                 max_noise_pct, fit_inputs, log, worker_costs)
     profile.cluster_dict = cluster.to_dict()
     return profile, cluster
 
@@ -284,7 +294,7 @@ def _time_links(spec: ClusterSpec, names, profile: Profile, sizes, reps, timeout
 
 
 def _fit_transfers(traced_list, spec: ClusterSpec, profile: Profile, cluster: Cluster, split_steps, rounds,
-                   timeout_s, max_noise_pct, fit_inputs, log) -> Cluster:
+                   timeout_s, max_noise_pct, fit_inputs, log, worker_costs="steps") -> Cluster:
     """Measure the designed split placements of each graph and fit the transfer costs to
     those steps: ``cluster`` with the fitted transfer parameters (``profile`` records the
     fit; ``fit_inputs``, if a dict, what it was made from)."""
@@ -303,7 +313,12 @@ def _fit_transfers(traced_list, spec: ClusterSpec, profile: Profile, cluster: Cl
     if fit_inputs is not None:
         fit_inputs.update(samples=samples, cluster=cluster, kinds=kinds)
     if cluster.link_send == "workers":
-        return _worker_costs(traced_list, spec, profile, cluster, samples, split_steps, timeout_s, max_noise_pct, log)
+        if worker_costs == "traces":
+            return _worker_costs(traced_list, spec, profile, cluster, samples, split_steps, timeout_s,
+                                 max_noise_pct, log)
+        from placetool.costmodel.workers import with_worker_costs
+
+        cluster = with_worker_costs(cluster)  # the run queue, started from the testbed's costs
     log(f"fitting transfer costs to {sum(not s.held_out for s in samples)} steps "
         f"({sum(s.held_out for s in samples)} held out) ...")
     fit = fit_transfer_costs(samples, cluster, profile, kinds=kinds)
@@ -315,8 +330,9 @@ def _fit_transfers(traced_list, spec: ClusterSpec, profile: Profile, cluster: Cl
         link["latency_source"] = f"fitted to {len(samples)} split-placement steps"
     profile.meta["transfer_fit"] = summ
     p_ = fit.params
-    log(f"transfer costs ({', '.join(kinds)} devices): send {p_['send_us']:,.1f} µs + "
-        f"{p_['send_us_per_byte'] * 1e6:,.1f} µs/MB, receive {p_['recv_us']:,.1f} µs + "
+    send, recv = ("handler", "arrival") if cluster.link_send == "workers" else ("send", "receive")
+    log(f"transfer costs ({', '.join(kinds)} devices, links.send {cluster.link_send}): {send} {p_['send_us']:,.1f} "
+        f"µs + {p_['send_us_per_byte'] * 1e6:,.1f} µs/MB, {recv} {p_['recv_us']:,.1f} µs + "
         f"{p_['recv_us_per_byte'] * 1e6:,.1f} µs/MB, link latency {p_['latency_us']:,.1f} µs")
     log(f"  fit: median |error| {_pct(summ['fit']['median_abs_error_pct'])} (max "
         f"{_pct(summ['fit']['max_abs_error_pct'])}) on {summ['fit']['n']} placements; held out: "
