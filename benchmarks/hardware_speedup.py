@@ -42,6 +42,15 @@ def placetool(*args, cwd):
     return r
 
 
+def _fresh(c: dict) -> dict:
+    """A fresh confirmation run of ``--verify-top``, without its round medians by row index."""
+    out = {key: c[key] for key in ("confirmed", "gain_pct", "ratios", "rounds", "rounds_run", "rounds_faster",
+                                   "noise_floor_pct", "kept", "ratio_to_single") if key in c}
+    if c.get("against_single"):
+        out["against_single"] = {key: c["against_single"][key] for key in ("confirmed", "gain_pct", "ratios")}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--graph", action="append", help="SOURCE[@BATCH]; repeatable (default: as accuracy.py)")
@@ -126,6 +135,9 @@ def main(argv=None) -> int:
                 "gain_vs_best_baseline_pct": 100 * (best_base.step_us - recm.step_us) / best_base.step_us,
                 "noise_floor_pct": float(np.median([m.spread_pct for m in reps])),
                 "verify_top": {key: v[key] for key in ("confirmed", "gain_pct", "noise_floor_pct", "message")},
+                # the fresh runs that confirmed (or not) the pick: per-round ratios, rounds kept
+                "confirmations": {key: _fresh(v[key]) for key in ("confirmation", "baseline_confirmation")
+                                  if v.get(key)},
                 "verify_top_rows": [{key: x[key] for key in ("label", "predicted_us", "measured_us", "spread_pct")}
                                     for x in v["rows"]],
                 "sa_predicted_us": found["step_time_us"],
