@@ -357,8 +357,7 @@ def fit_main(a, log) -> None:
             row[what]["rows"] = [{"label": lb, "predicted_us": float(x), "measured_us": float(y)}
                                  for lb, x, y in zip(labels, pr, me)]
         rows.append(row)
-    agree = {k: max(own[n].params[k] for n in names) / max(min(own[n].params[k] for n in names), 1e-12)
-             for k in own[names[0]].params}
+    agree = {k: _spread([own[n].params[k] for n in names]) for k in own[names[0]].params}
     w_agree = {k: _spread([r["workers_own_costs"]["costs"][k] for r in rows])
                for k in rows[0]["workers_own_costs"]["costs"]}
     out = {"graphs": rows, "pooled": pooled.summary(), "max_over_min": agree, "workers_max_over_min": w_agree,
