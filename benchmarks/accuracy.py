@@ -11,7 +11,9 @@ random group assignments up to the count. All of them are measured in one run,
 ``--rounds`` interleaved rounds of ``--steps`` steps, and compared with the calibrated
 prediction (simulated makespan + the measured fixed per-step overhead).
 
-Per graph: median and max |error| %, Kendall's tau, whether the predicted best is the
+Per graph: median and max |error| %, Kendall's tau and the most a model that knew every
+step exactly could score against rounds this noisy (``tau max``,
+:func:`placetool.costmodel.noise.tau_ceiling`), whether the predicted best is the
 measured best, the calibration's fit and held-out errors, and the noise floor (median over
 placements of half the range of their round medians, in %).
 
@@ -45,6 +47,8 @@ import time
 from dataclasses import asdict
 
 import numpy as np
+
+from placetool.costmodel import noise
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # small enough that a step takes tens of ms on one quiet core
@@ -302,6 +306,7 @@ def main(argv=None) -> int:
         return 0
     print()
     print(f"{'graph':<44} {'rules':<19} {'ops':>5} {'pl':>4} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} "
+          f"{'tau max':>7} "
           f"{'best':>5} {'noise±%':>8} {'sentinel±%':>10} {'ratio|err|%':>11} {'replay|err|%':>12} {'fit%':>6} "
           f"{'held%':>6}")
     for r in rows:
@@ -309,6 +314,7 @@ def main(argv=None) -> int:
         h = r["calibration_held_out_median_abs_error_pct"]
         print(f"{r['graph']:<44} {r['rules']:<19} {r['ops']:>5} {r['placements']:>4} "
               f"{r['median_abs_error_pct']:>9.1f} {r['max_abs_error_pct']:>9.1f} {r['kendall_tau']:>6.2f} "
+              f"{_num(r.get('kendall_tau_ceiling'), 2):>7} "
               f"{('yes' if r['best_agrees'] else 'no'):>5} {r['noise_floor_pct']:>8.1f} "
               f"{_num(r.get('sentinel_noise_floor_pct')):>10} {_num(r.get('ratio_median_abs_error_pct')):>11} "
               f"{_num(r.get('replay_workers_max_abs_error_pct', r.get('replay_fifo_max_abs_error_pct'))):>12} "
@@ -350,6 +356,9 @@ def judge_model(s, q, t, cm, profile, fit, cands, reps, sent, replays, detail, l
     queue, send = q.split("/")
     return {"graph": s, "rules": q, "link_queue": queue, "link_send": send, "ops": t.graph.n_ops,
             "placements": len(cands), **score(pred, meas),
+            # what a model that knew every step exactly would score against rounds this noisy
+            "kendall_tau_ceiling": noise.tau_ceiling([m.round_us for m in reps])["median"]
+            if len(reps) > 1 and len(reps[0].round_us) > 1 else None,
             "noise_floor_pct": float(np.median([m.spread_pct for m in reps])),
             "calibration_fit_median_abs_error_pct": fit.get("fit", {}).get("median_abs_error_pct"),
             "calibration_held_out_median_abs_error_pct": fit.get("held_out", {}).get("median_abs_error_pct"),
@@ -383,8 +392,8 @@ def judge_logo(logo_in: dict, detail: list, log) -> list[dict]:
     return rows
 
 
-def _num(x) -> str:
-    return "-" if x is None else f"{x:.1f}"
+def _num(x, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def replay_placement(t, p, spec, steps: int, workers=None, profile=None) -> dict:

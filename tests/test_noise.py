@@ -100,3 +100,22 @@ def test_measure_with_sentinel_on_a_testbed():
     kept = rep["paired_rounds"]
     assert rep["paired"][1]["ratio"] == pytest.approx(
         float(np.median([reps[1].round_us[r] / reps[0].round_us[r] for r in kept])))
+
+
+def test_tau_ceiling_falls_as_the_rounds_get_noisier_and_ignores_load_on_a_whole_round():
+    """Placements 2% apart: with rounds 0.5% off each other a perfect ranking shows; at
+    4% off it cannot; a round that slows every placement alike changes nothing."""
+    rng = np.random.default_rng(1)
+    truth = 100.0 * 1.02 ** np.arange(12)
+
+    def rounds(noise_pct):
+        return truth[:, None] * np.exp(rng.normal(0.0, noise_pct / 100, (12, 3)))
+
+    quiet, noisy = noise.tau_ceiling(rounds(0.5)), noise.tau_ceiling(rounds(4.0))
+    assert quiet["median"] > 0.9 > noisy["median"] and quiet["p10"] <= quiet["median"] <= quiet["p90"]
+    assert noisy["round_noise_pct"] == pytest.approx(4.0, rel=0.5)
+    r = rounds(2.0)
+    slowed = r * np.array([1.0, 1.4, 1.0])  # an episode that hit round 1 everywhere
+    assert noise.tau_ceiling(slowed) == pytest.approx(noise.tau_ceiling(r))
+    with pytest.raises(ValueError, match="2 or more round medians"):
+        noise.tau_ceiling([[100.0], [101.0]])
