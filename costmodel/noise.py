@@ -66,10 +66,10 @@ def paired_ratios(round_us, ref: int, keep=None) -> list[dict]:
     return out
 
 
-def tau_ceiling(round_us, draws: int = 400, seed: int = 0) -> dict:
+def tau_ceiling(round_us, rounds: int | None = None, draws: int = 400, seed: int = 0) -> dict:
     """How high Kendall's tau can go against these measurements: the tau of a model that
-    knew every placement's step exactly, scored against medians of as many rounds, as
-    noisy as these.
+    knew every placement's step exactly, scored against medians of as many rounds (or of
+    ``rounds``), as noisy as these.
 
     ``round_us``: one row of round medians per placement (equal lengths, 2 rounds or
     more). The round effect (load that hits every placement of a round alike) is taken
@@ -97,7 +97,8 @@ def tau_ceiling(round_us, draws: int = 400, seed: int = 0) -> dict:
     sd = float(np.sqrt((resid ** 2).sum() / ((P - 1) * (R - 1))))
     truth = np.median(L, axis=1)
     rng = np.random.default_rng(seed)
-    taus = np.array([kendalltau(truth, np.median(truth[:, None] + rng.normal(0.0, sd, (P, R)), axis=1)).statistic
+    n = R if rounds is None else max(int(rounds), 1)
+    taus = np.array([kendalltau(truth, np.median(truth[:, None] + rng.normal(0.0, sd, (P, n)), axis=1)).statistic
                      for _ in range(max(draws, 1))])
     return {"median": float(np.median(taus)), "p10": float(np.percentile(taus, 10)),
             "p90": float(np.percentile(taus, 90)), "round_noise_pct": 100.0 * (float(np.exp(sd)) - 1.0)}

@@ -117,5 +117,7 @@ def test_tau_ceiling_falls_as_the_rounds_get_noisier_and_ignores_load_on_a_whole
     r = rounds(2.0)
     slowed = r * np.array([1.0, 1.4, 1.0])  # an episode that hit round 1 everywhere
     assert noise.tau_ceiling(slowed) == pytest.approx(noise.tau_ceiling(r))
+    # the medians of more rounds wander less: the ceiling they allow is higher
+    assert noise.tau_ceiling(r, rounds=9)["median"] > noise.tau_ceiling(r)["median"]
     with pytest.raises(ValueError, match="2 or more round medians"):
         noise.tau_ceiling([[100.0], [101.0]])
