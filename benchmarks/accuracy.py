@@ -132,6 +132,9 @@ def models_for(t, spec, a, log, keep=None):
     profile, cl = calibrate_for(t, spec, a, log, queues[0], fit_in, sends[0])
     out = {f"{cl.link_queue}/{cl.link_send}": (CostModel(t.graph, cl, profile=profile), profile,
                                                profile.meta.get("transfer_fit", {}))}
+    # "auto" is whatever calibrate chose: already judged above, not one more rule to refit
+    queues = [cl.link_queue if x == "auto" else x for x in queues]
+    sends = [cl.link_send if x == "auto" else x for x in sends]
 
     def fitted(base):
         """``base``'s rules with transfer costs fitted to the calibration's measured steps."""
