@@ -197,8 +197,8 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
     ["transfer_fit"]`` holds the fit, its error on the placements held out of it and the
     noise floor; ``profile.meta["noisy"]`` a warning when that floor exceeds ``max_noise_pct``.
     Under ``link_send`` "workers" the run queue's costs (handler, arrival, µs per byte at
-    each end, link latency; the request's stays :data:`~placetool.costmodel.workers.TESTBED_COSTS`')
-    are fitted to those steps the same way (``worker_costs="steps"``: in two live sessions
+    each end, link latency; the request cost stays the one in
+    :data:`~placetool.costmodel.workers.TESTBED_COSTS`) are fitted to those steps the same way (``worker_costs="steps"``: in two live sessions
     its predictions were the closest, benchmarks/README.md), or identified from
     ``split_steps`` traced steps of each design instead (``"traces"``:
     :func:`identify_worker_costs`, recorded in ``profile.meta["worker_fit"]``).
