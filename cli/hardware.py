@@ -324,7 +324,8 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
     check_writable(cluster_out, "--cluster-out", inputs={"--cluster-spec": cluster_spec, "--out": out})
     check_one_source(testbed_n, cluster_spec, local)
     planned_spec(testbed_n, testbed_device, cluster_spec, local) if not testbed_n else None
-    from placetool.costmodel.tf.calibrate import DEFAULT_SIZES, calibrate as run_calibration
+    from placetool.costmodel.tf.calibrate import DEFAULT_SIZES, cost_names
+    from placetool.costmodel.tf.calibrate import calibrate as run_calibration
 
     log = _log(quiet or as_json)
     parse_zoo_args(zoo_args)  # malformed KEY=VALUE: before any tracing
@@ -372,7 +373,7 @@ def calibrate(graphs, batch, mode, optimizer, zoo_args, testbed_n, timeout_s, te
     tf_ = summary["transfer_fit"]
     if tf_:
         p = tf_["params"]
-        send, recv = ("handler", "arrival") if summary["link_send"] == "workers" else ("send", "receive")
+        send, recv = cost_names(summary["link_send"])
         click.echo(f"  device time per transfer: {send} {p['send_us']:,.1f} µs + {p['send_us_per_byte'] * 1e6:,.1f} "
                    f"µs/MB, {recv} {p['recv_us']:,.1f} µs + {p['recv_us_per_byte'] * 1e6:,.1f} µs/MB "
                    f"(links.queue {summary['link_queue']}, links.send {summary['link_send']})")

@@ -49,6 +49,12 @@ DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))  # 1 KB .. 64 MB
 WORKER_COSTS = ("steps", "traces")
 
 
+def cost_names(link_send: str) -> tuple[str, str]:
+    """What a cluster's per-message send and receive costs are under ``link_send``: the
+    run queue's RecvTensor handler and arrival, or a plain send and receive."""
+    return ("handler", "arrival") if link_send == "workers" else ("send", "receive")
+
+
 def device_names(spec: ClusterSpec) -> list[str]:
     """placetool names for the spec's devices: ``cpu:0``, ``cpu:1``, ``gpu:0``... per kind."""
     count: dict[str, int] = {}
@@ -198,8 +204,9 @@ def calibrate(traced_list, spec: ClusterSpec, sizes=DEFAULT_SIZES, trace_steps: 
     noise floor; ``profile.meta["noisy"]`` a warning when that floor exceeds ``max_noise_pct``.
     Under ``link_send`` "workers" the run queue's costs (handler, arrival, µs per byte at
     each end, link latency; the request cost stays the one in
-    :data:`~placetool.costmodel.workers.TESTBED_COSTS`) are fitted to those steps the same way (``worker_costs="steps"``: in two live sessions
-    its predictions were the closest, benchmarks/README.md), or identified from
+    :data:`~placetool.costmodel.workers.TESTBED_COSTS`) are fitted to those steps the same
+    way (``worker_costs="steps"``: in two live sessions its predictions were the closest,
+    benchmarks/README.md), or identified from
     ``split_steps`` traced steps of each design instead (``"traces"``:
     :func:`identify_worker_costs`, recorded in ``profile.meta["worker_fit"]``).
     """
@@ -330,7 +337,7 @@ def _fit_transfers(traced_list, spec: ClusterSpec, profile: Profile, cluster: Cl
         link["latency_source"] = f"fitted to {len(samples)} split-placement steps"
     profile.meta["transfer_fit"] = summ
     p_ = fit.params
-    send, recv = ("handler", "arrival") if cluster.link_send == "workers" else ("send", "receive")
+    send, recv = cost_names(cluster.link_send)
     log(f"transfer costs ({', '.join(kinds)} devices, links.send {cluster.link_send}): {send} {p_['send_us']:,.1f} "
         f"µs + {p_['send_us_per_byte'] * 1e6:,.1f} µs/MB, {recv} {p_['recv_us']:,.1f} µs + "
         f"{p_['recv_us_per_byte'] * 1e6:,.1f} µs/MB, link latency {p_['latency_us']:,.1f} µs")
