@@ -24,9 +24,10 @@ placement's measured step is also given as a paired per-round ratio to one devic
 beside the predicted ratio (``ratio|err|%``). ``--replay`` also traces one step of every
 placement and replays it with the traced op times (``placetool explain``): the error of
 the schedule and communication rules alone, per placement (goal: within 5%).
-``--workers-rule --logo`` also judges each graph under the run queue with its costs
-identified from the other graphs' traced designs only (leave-one-graph-out: do one
-testbed's costs carry to a graph they were not identified on?).
+``--logo`` also judges each graph under the run queue with its costs fitted to the other
+graphs' measured designs only, and with ``--workers-rule`` identified from their traced
+designs (leave-one-graph-out: do one testbed's costs carry to a graph they were not
+fitted on?).
 
     .venv/bin/python benchmarks/accuracy.py                  # 2-worker CPU testbed, 3 graphs
     .venv/bin/python benchmarks/accuracy.py --json --rows-out rows.json
@@ -118,9 +119,10 @@ def calibrate_for(t, spec, a, log, link_queue="auto", fit_inputs=None, link_send
 def models_for(t, spec, a, log, keep=None):
     """{"queue/send": (CostModel, profile, transfer fit summary)}: one calibration, its
     transfer costs fitted under each pair of rules of ``--link-queue`` and ``--link-send``
-    to the same measured steps. With ``--workers-rule``, ``keep`` (a dict) receives what
-    identifying the run queue's costs on other graphs takes: this graph's traced design
-    steps, its profile and its lone-transfer cluster."""
+    to the same measured steps. ``keep`` (a dict, with ``--logo``) receives what fitting
+    costs on the other graphs takes: this graph's measured designs (``samples``, ``kinds``),
+    its profile, its lone-transfer cluster and, with ``--workers-rule``, its traced design
+    steps."""
     from dataclasses import replace
 
     from placetool.costmodel import CostModel
@@ -130,6 +132,8 @@ def models_for(t, spec, a, log, keep=None):
     sends = ["idle", "eager"] if a.link_send == "both" else [a.link_send]
     fit_in = {}
     profile, cl = calibrate_for(t, spec, a, log, queues[0], fit_in, sends[0])
+    if keep is not None and fit_in:
+        keep.update(samples=fit_in["samples"], kinds=fit_in["kinds"], profile=profile, links=fit_in["cluster"])
     out = {f"{cl.link_queue}/{cl.link_send}": (CostModel(t.graph, cl, profile=profile), profile,
                                                profile.meta.get("transfer_fit", {}))}
     # "auto" is whatever calibrate chose: already judged above, not one more rule to refit
@@ -158,7 +162,7 @@ def models_for(t, spec, a, log, keep=None):
         # replay's costs alone, and with the CPU per message that the traced op times hold
         found = identify_worker_costs([t], spec, fit_in["cluster"], profile, steps=a.steps, log=log)
         if keep is not None:
-            keep.update(steps=found["steps"][0], profile=profile, links=fit_in["cluster"])
+            keep.update(steps=found["steps"][0])
         summ = {**found["fit"].summary(), "message_inflation": found["inflation"],
                 "op_inflation": found["op_inflation"]}
         log(f"  links.send workers, identified from this session's traced steps: {summ}")
@@ -245,8 +249,9 @@ def main(argv=None) -> int:
                          "steps as calibrate --link-send workers does (workers), the replay's part of them alone "
                          "(workers-replay), and fitted to the split steps' totals (workers-steps)")
     ap.add_argument("--logo", action="store_true",
-                    help="with --workers-rule: also judge each graph under the run queue with its costs identified "
-                         "from the other graphs' traced designs only (leave-one-graph-out, workers-logo)")
+                    help="also judge each graph under the run queue with its costs fitted to the other graphs' "
+                         "measured designs only (leave-one-graph-out, workers-steps-logo) and, with --workers-rule, "
+                         "identified from their traced designs (workers-logo)")
     ap.add_argument("--replay", action="store_true", help="also trace and replay one step of every placement")
     ap.add_argument("--replay-steps", type=int, default=3, help="traced steps per placement for --replay (median)")
     ap.add_argument("--json", action="store_true")
@@ -258,8 +263,8 @@ def main(argv=None) -> int:
     from placetool.costmodel.tf.sentinel import measure_with_sentinel
 
     graphs = a.graph or DEFAULT_GRAPHS
-    if a.logo and (not a.workers_rule or len(graphs) < 2):
-        ap.error("--logo needs --workers-rule and at least 2 graphs")
+    if a.logo and len(graphs) < 2:
+        ap.error("--logo needs at least 2 graphs")
     rows, detail, logo_in = [], [], {}
     t_start = time.perf_counter()
     spec, tb = devices(a, log)
@@ -308,14 +313,14 @@ def main(argv=None) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print()
-    print(f"{'graph':<44} {'rules':<19} {'ops':>5} {'pl':>4} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} "
+    print(f"{'graph':<44} {'rules':<24} {'ops':>5} {'pl':>4} {'med|err|%':>9} {'max|err|%':>9} {'tau':>6} "
           f"{'tau max':>7} "
           f"{'best':>5} {'noise±%':>8} {'sentinel±%':>10} {'ratio|err|%':>11} {'replay|err|%':>12} {'fit%':>6} "
           f"{'held%':>6}")
     for r in rows:
         f = r["calibration_fit_median_abs_error_pct"]
         h = r["calibration_held_out_median_abs_error_pct"]
-        print(f"{r['graph']:<44} {r['rules']:<19} {r['ops']:>5} {r['placements']:>4} "
+        print(f"{r['graph']:<44} {r['rules']:<24} {r['ops']:>5} {r['placements']:>4} "
               f"{r['median_abs_error_pct']:>9.1f} {r['max_abs_error_pct']:>9.1f} {r['kendall_tau']:>6.2f} "
               f"{_num(r.get('kendall_tau_ceiling'), 2):>7} "
               f"{('yes' if r['best_agrees'] else 'no'):>5} {r['noise_floor_pct']:>8.1f} "
@@ -372,18 +377,33 @@ def judge_model(s, q, t, cm, profile, fit, cands, reps, sent, replays, detail, l
 
 
 def judge_logo(logo_in: dict, detail: list, log) -> list[dict]:
-    """Per graph, a row for the run queue with its costs identified from the other graphs'
-    traced designs (pooled, each on its own profile), on this graph's lone-transfer links
-    and profile, judged on this graph's measured placements: does one testbed's set of
-    costs carry to a graph it was not identified on?"""
+    """Per graph, rows for the run queue with its costs taken from the other graphs only,
+    on this graph's lone-transfer links and profile, judged on this graph's measured
+    placements: does one testbed's set of costs carry to a graph it was not fitted on?
+
+    - ``workers-steps-logo``: fitted, as calibrate fits them, to the other graphs' measured
+      designs (pooled, each on its own op times);
+    - ``workers-logo`` (with ``--workers-rule``): identified from their traced designs."""
     from placetool.costmodel import CostModel
+    from placetool.costmodel.calibration import Profile, fit_transfer_costs, with_transfer_params
     from placetool.costmodel.tf.calibrate import worker_costs_from_steps
     from placetool.costmodel.workers import with_worker_costs
 
     rows = []
-    done = [s for s, k in logo_in.items() if "reps" in k]
+    done = [s for s, k in logo_in.items() if "reps" in k and "samples" in k]
     for s in done:
         k, others = logo_in[s], [o for o in done if o != s]
+        log(f"{s}: the run queue's costs fitted to the designs' steps of {', '.join(others)} ...")
+        base = with_worker_costs(k["links"])
+        found = fit_transfer_costs([x for o in others for x in logo_in[o]["samples"]], base,
+                                   Profile.merged([logo_in[o]["profile"] for o in others]), kinds=k["kinds"])
+        log(f"  fitted: {found.params}")
+        cm = CostModel(k["trace"].graph, with_transfer_params(base, found.params, k["kinds"]), profile=k["profile"])
+        fit = {**found.summary(), "fitted_on": others}
+        rows.append(judge_model(s, "none/workers-steps-logo", k["trace"], cm, k["profile"], fit, k["cands"],
+                                k["reps"], k["sent"], None, detail, log))
+        if not all("steps" in logo_in[o] for o in others):
+            continue
         log(f"{s}: the run queue's costs identified from the designs of {', '.join(others)} ...")
         found = worker_costs_from_steps([logo_in[o]["steps"] for o in others], k["links"],
                                         [logo_in[o]["profile"] for o in others])

@@ -221,19 +221,11 @@ def predict(data, name, params, op_times="profile"):
 
 
 def merged_profile(data, names):
-    """One profile with the op times of graphs ``names`` (the first one's devices and
-    overheads): what a fit pooled over several graphs predicts their steps with."""
+    """One profile with the op times of graphs ``names``: what a fit pooled over several
+    graphs predicts their steps with."""
     from placetool.costmodel.calibration import Profile
 
-    ops = {}
-    for m in names:
-        for kind, graphs in data[m][1].ops.items():
-            ops.setdefault(kind, {}).update(graphs)
-    first = data[names[0]][1]
-    merged = Profile(devices=first.devices, ops=ops, step_overhead_us=list(first.step_overhead_us),
-                     dispatch_us=dict(first.dispatch_us))
-    merged.refit()
-    return merged
+    return Profile.merged([data[m][1] for m in names])
 
 
 def designed(recs):

@@ -169,6 +169,29 @@ class Profile:
                 continue
             by_op[name] = [graph.op_types[i], float(us), float(graph.flops[i]), int(moved[i])]
 
+    @classmethod
+    def merged(cls, profiles: list["Profile"]) -> "Profile":
+        """One profile with the per-op medians of every profile in ``profiles`` (copied; a
+        later one wins for a graph both hold), the first one's devices, links and overheads:
+        what a fit pooled over graphs profiled one at a time on one testbed predicts with.
+
+        >>> a = Profile(devices=[], ops={"cpu": {"g1": {"x": ["MatMul", 5.0, 1e3, 64]}}})
+        >>> b = Profile(devices=[], ops={"cpu": {"g2": {"y": ["Add", 2.0, 10.0, 64]}}})
+        >>> sorted(Profile.merged([a, b]).ops["cpu"])
+        ['g1', 'g2']
+        """
+        first = profiles[0]
+        ops: dict = {}
+        for p in profiles:
+            for kind, graphs in p.ops.items():
+                ops.setdefault(kind, {}).update(
+                    {g: {op: list(row) for op, row in by_op.items()} for g, by_op in graphs.items()})
+        out = cls(devices=list(first.devices), ops=ops, links=list(first.links),
+                  step_overhead_us=list(first.step_overhead_us), dispatch_us=dict(first.dispatch_us),
+                  cluster_dict=first.cluster_dict, host=first.host, tf_version=first.tf_version)
+        out.refit()
+        return out
+
     def scale_ops(self, kind: str, graph_name: str, factor: float) -> None:
         """Multiply the per-op medians of ``graph_name`` on ``kind`` by ``factor`` and refit."""
         for row in self.ops.get(kind, {}).get(graph_name, {}).values():
