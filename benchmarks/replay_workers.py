@@ -61,7 +61,7 @@ def steps_of(data, n_steps):
 
 
 def worker_error(rec, st, links, costs) -> float:
-    t = simulate_workers(rec.graph, np.where(st.traced, st.op_us, 0.0), rec.placement,
+    t = simulate_workers(rec.executed_graph(), np.where(st.traced, st.op_us, 0.0), rec.placement,
                          links.latency_us, links.bandwidth_bytes_per_us, costs)
     return 100.0 * (t.span_us(st.traced) - st.span_us) / st.span_us
 
@@ -182,11 +182,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir")
     ap.add_argument("--steps", type=int, default=1, help="traced steps replayed per placement")
+    ap.add_argument("--graph-order", action="store_true",
+                    help="ready each op's consumers in the model graph's order, not in the executor's order that "
+                         "the recordings hold (out_order)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     data = {d.name: load_dir(d) for d in sorted(Path(a.dir).iterdir()) if (d / "profile.json").exists()}
     if not data:
         raise SystemExit(f"{a.dir}: no recorded graphs (run timeline_fit.py record first)")
+    if a.graph_order:
+        for _, _, recs, _ in data.values():
+            for _, rec in recs:
+                rec.out_order = None
     r = run(data, a.steps, log=lambda m: print(m, file=sys.stderr))
     if a.json:
         print(json.dumps(r, indent=1))

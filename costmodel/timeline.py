@@ -10,7 +10,8 @@ A timeline file (format ``placetool.timeline``, version 1; written by
      "steps": [{"wall_us": ..,                       # wall time of this traced step
                 "ops": [[OP, device, start_us, dur_us], ...],
                 "recv": [[EDGE, PRODUCER, src, dst, bytes, start_us, dur_us], ...]}],
-     "single": {"device": 0, "step_us": .., "op_us": {"OP": median_us, ...}}}  # optional
+     "single": {"device": 0, "step_us": .., "op_us": {"OP": median_us, ...}},  # optional
+     "out_order": {"OP": ["CONSUMER", "@send:1", ...], ...}}                   # optional
 
 Times are µs from the step's first record. ``recv`` are the ``RecvTensor`` RPCs as the
 receiving worker logs them. The record's end is when the tensor arrived. Its start is the
@@ -22,6 +23,14 @@ arrival at the sender; otherwise when the sender's ``_Send`` ran. Each transfer 
 as producer end <= response start <= arrival <= first consumer start (so it was in every
 recorded step). Its *wire time* is arrival - max(producer end, response start). Its
 *delivery time* is arrival - producer end, which adds the wait for the response to start.
+
+``out_order`` is the order in which each worker's executor readies an op's consumers,
+read from the run's partition graphs (:func:`placetool.costmodel.tf.trace_capture.executor_order`):
+a consumer on the same device by name, a message to device K as ``"@send:K"`` (the
+tensor's ``_Send``) or ``"@ctrl:K"`` (a control edge's). The run queue takes the last one
+first, so where a ``_Send`` stands among its producer's consumers decides whether the
+tensor leaves at once or after the local work they start; the partitioned graph, not the
+model's, decides that order (:meth:`Recording.executed_graph`).
 
 :func:`breakdown` splits each device's step into busy (running graph ops), ready
 (an op of it had every input and had not started: the executor's own gaps), transfer
@@ -120,13 +129,63 @@ class Recording:
     single_device: int | None = None
     single_step_us: float | None = None
     single_op_us: np.ndarray | None = None   # per op, NaN where not traced
+    out_order: dict | None = None            # op -> its consumers in the executor's order (module docstring)
+    _executed: object = field(default=None, repr=False, compare=False)
 
     @property
     def n_devices(self) -> int:
         return len(self.devices)
 
+    def executed_graph(self):
+        """The graph with each op's out-edges in the traced run's executor order
+        (``out_order``, :func:`edge_order`): what a replay on workers of one compute thread
+        runs. The graph itself where the file records no order."""
+        if not self.out_order:
+            return self.graph
+        if self._executed is None:
+            from dataclasses import replace
+
+            o = edge_order(self.graph, self.placement, self.out_order)
+            g = self.graph
+            self._executed = replace(g, edge_src=g.edge_src[o], edge_dst=g.edge_dst[o], edge_tensor=g.edge_tensor[o])
+        return self._executed
+
     def device_names(self) -> list[str]:
         return [f"{k}:{i}" for i, k in enumerate(self.kinds)]
+
+
+def message_entry(device: int, control: bool = False) -> str:
+    """``out_order``'s name for an op's message to ``device``: ``"@send:K"`` or ``"@ctrl:K"``."""
+    return f"@{'ctrl' if control else 'send'}:{int(device)}"
+
+
+def edge_order(graph, placement, out_order: dict) -> np.ndarray:
+    """A permutation of ``graph``'s edges (new edge i = old edge ``order[i]``) that puts each
+    op's out-edges in ``out_order``'s order under ``placement``: an edge to a consumer on
+    the producer's device where ``out_order`` names that consumer, one to another device
+    where it names the message (:func:`message_entry`); edges it does not name follow, as
+    they were. Edges keep their places in the list as a set per producer.
+
+    >>> from placetool.costmodel.graph import OpGraph
+    >>> g = OpGraph.from_arrays("g", ["a", "b", "c", "d"], ["X"] * 4, [8] * 4, [0, 0, 0], [1, 2, 3])
+    >>> edge_order(g, np.array([0, 0, 0, 1]), {"a": ["@send:1", "c", "b"]}).tolist()
+    [2, 1, 0]
+    """
+    src, dst, ten = graph.edge_src, graph.edge_dst, graph.edge_tensor
+    E = len(src)
+    p = np.asarray(placement)
+    key = np.full(E, np.inf)
+    rank = {(graph.index[op], c): r for op, entries in out_order.items() if op in graph.index
+            for r, c in reversed(list(enumerate(entries)))}
+    for e in range(E):
+        s, d = int(src[e]), int(dst[e])
+        c = graph.names[d] if p[s] == p[d] else message_entry(p[d], bool(ten[e] < 0))
+        key[e] = rank.get((s, c), np.inf)
+    at = np.lexsort((np.arange(E), src))          # each producer's edges, where they are
+    ranked = np.lexsort((np.arange(E), key, src))  # the same, in the executor's order
+    order = np.empty(E, np.int64)
+    order[at] = ranked
+    return order
 
 
 # ------------------------------------------------------------------ reading
@@ -180,6 +239,13 @@ def load(src, graph) -> Recording:
             rec.single_op_us = np.full(graph.n_ops, np.nan)
             for name, v in s["op_us"].items():
                 rec.single_op_us[op_index(name, "single")] = float(v)
+        if d.get("out_order"):
+            o = d["out_order"]
+            if not isinstance(o, dict) or not all(isinstance(v, list) for v in o.values()):
+                raise TimelineError(f"{where}: 'out_order' must map each op to a list of consumers")
+            for name in o:
+                op_index(name, "out_order")
+            rec.out_order = {str(k): [str(c) for c in v] for k, v in o.items()}
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise TimelineError(f"{where}: malformed timeline ({type(e).__name__}: {e})") from None
     return rec
@@ -468,7 +534,8 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
     simulator under the cluster's own links.queue and links.send; ``"workers"`` (with
     ``cluster``, whose links should be lone transfers' latency + bytes / bandwidth) runs
     :func:`placetool.costmodel.workers.simulate_workers`, TensorFlow's run queue with
-    ``costs`` per message on the compute threads (default: a ``links.send`` "workers"
+    each op's consumers in the executor's order where the file records it
+    (:meth:`Recording.executed_graph`) and ``costs`` per message on the compute threads (default: a ``links.send`` "workers"
     cluster's own, else :data:`~placetool.costmodel.workers.TESTBED_COSTS`; the
     result's ``costs`` are the devices' means). ``ready_us`` is added
     to every traced op (the runtime's gap per op, which op durations omit). Control edges
@@ -501,7 +568,7 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
     p = np.ascontiguousarray(rec.placement, np.int32)
     extra = {}
     if links == WORKERS:
-        ms, extra["costs"] = _workers_span(st, g, dur, p, cl, costs)
+        ms, extra["costs"] = _workers_span(st, rec.executed_graph(), dur, p, cl, costs)
     else:
         cm = CostModel(g, cl, op_times=np.repeat(dur[:, None], cl.n_devices, axis=1))
         reason = cm.violation(p)

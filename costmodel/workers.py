@@ -23,7 +23,9 @@ A tensor needed on another device travels as TensorFlow sends it:
    response leaves at its end; if not, the ``_Send`` encodes it when it runs and the
    response leaves then. The ``_Send`` is one more op its producer makes ready, at the place
    of its first edge among the producer's out-edges: pushed to the front with the others,
-   it runs after any that were pushed later, and after everything those make ready;
+   it runs after any that were pushed later, and after everything those make ready. The
+   out-edges are taken in the graph's order; a recording's replay passes the graph in its
+   executor's order (:meth:`placetool.costmodel.timeline.Recording.executed_graph`);
 3. the response takes the link's latency + bytes / bandwidth;
 4. the receiver's thread spends ``arrive_us + recv_us_per_byte x bytes`` on it, next
    after what it is running (the gRPC threads share the worker's core), and the

@@ -60,15 +60,17 @@ class ReplayStep:
 
 def steps_of(rec, steps=None, label: str = "") -> list[ReplayStep]:
     """The traced steps of a :class:`~placetool.costmodel.timeline.Recording` (all, or the
-    indices ``steps``) as :class:`ReplayStep`."""
-    arrays = K.graph_arrays(rec.graph)
+    indices ``steps``) as :class:`ReplayStep`, on its graph as the executor ordered it
+    (:meth:`~placetool.costmodel.timeline.Recording.executed_graph`)."""
+    g = rec.executed_graph()
+    arrays = K.graph_arrays(g)
     p = np.ascontiguousarray(rec.placement, np.int64)
     out = []
     for k in range(len(rec.steps)) if steps is None else steps:
         st = rec.steps[k]
         tr = st.traced
         out.append(ReplayStep(arrays, np.ascontiguousarray(np.where(tr, st.op_us, 0.0)), p, tr, st.span_us,
-                              label, rec.graph))
+                              label, g))
     return out
 
 

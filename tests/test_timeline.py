@@ -91,13 +91,49 @@ def test_bad_timelines_name_the_problem(tmp_path):
     for change, words in [({"version": 9}, "version 9"), ({"format": "x"}, "not a placetool.timeline"),
                           ({"placement": {"a": 0, "zz": 0}}, "'zz'"), ({"placement": {"a": 0, "b": 3}}, "device 3"),
                           ({"placement": {"a": 0}}, "no device for op 'b'"), ({"steps": []}, "no traced steps"),
-                          ({"steps": [{"ops": [["a", 0, 0, -1]], "recv": []}]}, "bad time")]:
+                          ({"steps": [{"ops": [["a", 0, 0, -1]], "recv": []}]}, "bad time"),
+                          ({"out_order": {"zz": ["a", "b"]}}, "out_order names op 'zz'"),
+                          ({"out_order": {"a": "b"}}, "'out_order' must map")]:
         with pytest.raises(TL.TimelineError, match=words.replace("(", r"\(")):
             TL.load({**base, **change}, g)
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     with pytest.raises(TL.TimelineError, match="not a timeline file"):
         TL.load(bad, g)
+
+
+def _handled_early(out_order=None):
+    """q (dev 1, 20 µs) feeds a (dev 0, 50 µs), which feeds b (dev 0, 100 µs) and c (dev 1,
+    10 µs); links of 10 µs, no CPU per message. c's request reaches device 0 at 10, while
+    it is idle: the handler runs before a has, so a's ``_Send`` answers when it runs."""
+    g = OpGraph.from_arrays("early", ["q", "a", "b", "c"], ["X"] * 4, [8] * 4, [0, 1, 1], [1, 2, 3])
+    d = {"format": TL.FORMAT, "version": TL.VERSION, "devices": ["w0", "w1"], "kinds": ["cpu", "cpu"],
+         "placement": {"q": 1, "a": 0, "b": 0, "c": 1},
+         "steps": [{"ops": [["q", 1, 0, 20], ["a", 0, 30, 50], ["b", 0, 80, 100], ["c", 1, 190, 10]], "recv": []}]}
+    if out_order is not None:
+        d["out_order"] = out_order
+    return TL.load(d, g)
+
+
+def test_the_executor_order_decides_when_a_send_runs():
+    """Hand-computed: a ends at 80 and readies b and its ``_Send`` to c. The run queue takes
+    the last readied first: in the graph's edge order the ``_Send`` (c's tensor lands at 90);
+    in an executor order that readies the ``_Send`` first, b (the tensor leaves at 180)."""
+    from placetool.costmodel.workers import WorkerCosts, simulate_workers
+
+    from .helpers import cluster
+
+    lat, bw, op_us = np.array([[0.0, 10.0], [10.0, 0.0]]), np.full((2, 2), np.inf), np.array([20.0, 50, 100, 10])
+    for order, c_start in ((None, 90.0), ({"a": ["b", "@send:1"]}, 90.0), ({"a": ["@send:1", "b"]}, 190.0)):
+        r = _handled_early(order)
+        g = r.executed_graph()
+        assert sorted(zip(g.edge_src.tolist(), g.edge_dst.tolist())) == [(0, 1), (1, 2), (1, 3)]
+        t = simulate_workers(g, op_us, r.placement, lat, bw)
+        assert t.op_start.tolist() == [0.0, 30.0, 80.0, c_start], order
+        links = cluster(2, latency=10.0, bandwidth=1e9, link_queue="none")
+        x = TL.replay(r, cluster=links, links=TL.WORKERS, costs=WorkerCosts())
+        assert x["replay_us"] == pytest.approx(c_start + 10 if c_start > 180 else 180.0)
+    assert r.executed_graph() is r.executed_graph() and r.graph.edge_dst.tolist() == [1, 2, 3]
 
 
 # ----------------------------------------------------------------- the recorded step
@@ -222,6 +258,11 @@ def test_capture_on_a_testbed_then_explain(tmp_path, capsys):
         assert (st.x_producer_end[known] <= st.x_end[known]).all()
         assert (st.x_end[known] <= st.x_consumer_start[known]).all()
     assert r.single_op_us is not None and np.isfinite(r.single_op_us).all()
+    # the executor's order of each op's consumers, read from the run's partition graphs
+    assert r.out_order and any(c.startswith("@send:") for v in r.out_order.values() for c in v)
+    g = r.executed_graph()
+    assert sorted(zip(g.edge_src.tolist(), g.edge_dst.tolist())) == sorted(zip(r.graph.edge_src.tolist(),
+                                                                                r.graph.edge_dst.tolist()))
 
 
 def _unqueued_models():

@@ -71,12 +71,84 @@ def step_records(step_stats, graph, tf_devices) -> dict:
     return {"ops": ops, "recv": recv}
 
 
-def _traced_steps(st, n: int, timeout_s: float) -> list[dict]:
+def construct_order(nodes) -> dict[str, list[str]]:
+    """Each node's consumers in the order a TensorFlow worker adds its out-edges.
+
+    ``nodes``: a partition graph's nodes as ``(name, inputs)`` pairs, in its GraphDef's
+    order (inputs as a NodeDef spells them: ``"x"``, ``"x:1"``, ``"^x"``). The worker
+    builds its graph by taking, among the nodes whose inputs are all built, the one first
+    in the GraphDef, and adds that node's in-edges as it does; an op's executor readies its
+    consumers in that order (up to 4 of them; TensorFlow keeps more in a hash set).
+
+    >>> construct_order([("a", []), ("c", ["a", "r"]), ("s", ["a"]), ("r", [])])
+    {'a': ['s', 'c'], 'c': [], 's': [], 'r': ['c']}
+    """
+    import heapq
+
+    ix = {name: i for i, (name, _) in enumerate(nodes)}
+    ins = [[x[1:] if x.startswith("^") else x.split(":")[0] for x in inputs] for _, inputs in nodes]
+    ins = [[x for x in xs if x in ix] for xs in ins]
+    pending = [len(xs) for xs in ins]
+    users = [[] for _ in nodes]
+    for i, xs in enumerate(ins):
+        for x in xs:
+            users[ix[x]].append(i)
+    ready = [i for i, c in enumerate(pending) if c == 0]
+    heapq.heapify(ready)
+    out = {name: [] for name, _ in nodes}
+    while ready:
+        i = heapq.heappop(ready)
+        for x in ins[i]:
+            out[x].append(nodes[i][0])
+        for u in users[i]:
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready, u)
+    return out
+
+
+def executor_order(partition_graphs, graph, tf_devices) -> dict[str, list[str]]:
+    """The timeline file's ``out_order`` from a step's partition graphs: for each op of
+    ``graph`` with more than one consumer, its consumers in its worker's order
+    (:func:`construct_order`), a message to device K as ``"@send:K"`` (a tensor's
+    ``_Send``) or ``"@ctrl:K"`` (a control edge's), each once, where it first comes."""
+    from placetool.costmodel.timeline import message_entry
+
+    dev_ix = {d.lower(): i for i, d in enumerate(tf_devices)}
+    out = {}
+    for gd in partition_graphs:
+        by_name = {n.name: n for n in gd.node}
+        order = construct_order([(n.name, list(n.input)) for n in gd.node])
+
+        def send_to(name):
+            n = by_name[name]
+            return dev_ix.get(n.attr["recv_device"].s.decode().lower(), -1)
+
+        def entry(c):
+            if c in graph.index:
+                return c
+            if by_name[c].op == "_Send":
+                return message_entry(send_to(c), control=False)
+            sends = [u for u in order[c] if by_name[u].op == "_Send"]  # the constant a control edge sends
+            return message_entry(send_to(sends[0]), control=True) if sends else None
+
+        for name, users in order.items():
+            if name in graph.index and len(users) > 1:
+                entries = list(dict.fromkeys(e for e in map(entry, users) if e is not None))
+                if len(entries) > 1:
+                    out[name] = entries
+    return out
+
+
+def _traced_steps(st, n: int, timeout_s: float, order: dict | None = None) -> list[dict]:
+    """``n`` FULL_TRACE steps as :func:`step_records`; the first also fills ``order`` (if a
+    dict) with the workers' :func:`executor_order`."""
     tf1 = import_tf().compat.v1
     out = []
     with _tf_errors(timeout_s):
-        for _ in range(n):
-            opts = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
+        for k in range(n):
+            opts = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE,
+                                  output_partition_graphs=order is not None and k == 0)
             md = tf1.RunMetadata()
             s = time.perf_counter()
             # PlacedStep.run, where there is one, watches the workers while the step runs
@@ -85,6 +157,8 @@ def _traced_steps(st, n: int, timeout_s: float) -> list[dict]:
             rec = step_records(md.step_stats, st.traced.graph, st.spec.tf_devices)
             rec["wall_us"] = round(wall, 1)
             out.append(rec)
+            if order is not None and k == 0:
+                order.update(executor_order(md.partition_graphs, st.traced.graph, st.spec.tf_devices))
     return out
 
 
@@ -109,7 +183,9 @@ def capture(traced, placement, spec, steps: int = 3, warmup: int = 3, single_dev
             st.step()
         untraced = [st.step() for _ in range(max(steps, 1))]
         out["untraced_step_us"] = [round(x, 1) for x in untraced]
-        out["steps"] = _traced_steps(st, max(steps, 1), timeout_s)
+        order: dict = {}
+        out["steps"] = _traced_steps(st, max(steps, 1), timeout_s, order)
+        out["out_order"] = order
     if single_device is not None:
         if log:
             log(f"tracing {steps} steps of every op on device {single_device} ...")
