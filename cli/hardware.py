@@ -17,6 +17,7 @@ import numpy as np
 
 from placetool.costmodel.errors import UserError, atomic_output
 from placetool.costmodel.tf.session import require_tf
+from placetool.costmodel.workers import WORKER_COSTS
 
 from .common import (PositiveFloat, check_writable, emit_json, fmt_us, json_option, placement_option, profile_option,
                      quiet_option, workers_option)
@@ -308,7 +309,7 @@ def testbed_status(state, as_json):
                    "thread serves it (its run queue, docs/simulator.md), its costs from --worker-costs; "
                    "idle: a worker serves transfers only with no op of its own ready, its costs fitted to "
                    "whole steps; aside: at once, the send cost paid on the device beside the wire.")
-@click.option("--worker-costs", type=click.Choice(["steps", "traces"]), default="steps", show_default=True,
+@click.option("--worker-costs", type=click.Choice(WORKER_COSTS), default="steps", show_default=True,
               help="Under links.send workers, where the per-message costs come from: fitted to the designed "
                    "splits' whole steps, or identified from --split-steps traced steps of each "
                    "(docs/hardware.md).")

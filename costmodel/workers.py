@@ -78,6 +78,10 @@ class WorkerCosts:
     recv_us_per_byte: float = 0.0
 
 
+#: where ``calibrate`` takes the run queue's per-message costs from: the designed splits'
+#: whole steps, or their traced timelines
+WORKER_COSTS = ("steps", "traces")
+
 #: the 2-core testbed's, the grid point that replays the recorded split steps of four
 #: graphs best together, and each graph best from the other three
 #: (``benchmarks/replay_workers.py``: median |error| 2.8%)

@@ -38,15 +38,13 @@ from placetool.costmodel.calibration import (UNMEASURED_BANDWIDTH, Profile, Step
                                              fit_transfer_costs, with_transfer_params)
 from placetool.costmodel.cluster import Cluster
 from placetool.costmodel.graph import KIND_BITS
+from placetool.costmodel.workers import WORKER_COSTS
 
 from .runner import measure, measure_interleaved
 from .session import import_tf, onednn_setting, session_config
 from .testbed import ClusterSpec
 
 DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))  # 1 KB .. 64 MB
-#: where the run queue's per-message costs come from under ``links.send`` "workers": the
-#: designed splits' whole steps, or their traced timelines
-WORKER_COSTS = ("steps", "traces")
 
 
 def cost_names(link_send: str) -> tuple[str, str]:
