@@ -535,11 +535,12 @@ def replay(rec: Recording, step: int | Step = 0, cluster=None, ready_us: float =
     ``cluster``, whose links should be lone transfers' latency + bytes / bandwidth) runs
     :func:`placetool.costmodel.workers.simulate_workers`, TensorFlow's run queue with
     each op's consumers in the executor's order where the file records it
-    (:meth:`Recording.executed_graph`) and ``costs`` per message on the compute threads (default: a ``links.send`` "workers"
-    cluster's own, else :data:`~placetool.costmodel.workers.TESTBED_COSTS`; the
-    result's ``costs`` are the devices' means). ``ready_us`` is added
-    to every traced op (the runtime's gap per op, which op durations omit). Control edges
-    across devices cost nothing but in ``"traced"``; the trace's zero-byte control
+    (:meth:`Recording.executed_graph`) and ``costs`` per message on the compute threads
+    (default: a ``links.send`` "workers" cluster's own, else
+    :data:`~placetool.costmodel.workers.TESTBED_COSTS`; the result's ``costs`` are the
+    devices' means). ``ready_us`` is added to every traced op (the runtime's gap per op,
+    which op durations omit). Control edges across devices cost nothing but in
+    ``"traced"``; the trace's zero-byte control
     messages are counted in ``control_transfers``.
 
     Returns {replay_us, measured_us (the step's traced span), error_pct, wall_us, links,
