@@ -140,15 +140,12 @@ def executor_order(partition_graphs, graph, tf_devices) -> dict[str, list[str]]:
     return out
 
 
-def _traced_steps(st, n: int, timeout_s: float, order: dict | None = None) -> list[dict]:
-    """``n`` FULL_TRACE steps as :func:`step_records`; the first also fills ``order`` (if a
-    dict) with the workers' :func:`executor_order`."""
+def _traced_steps(st, n: int, timeout_s: float) -> list[dict]:
     tf1 = import_tf().compat.v1
     out = []
     with _tf_errors(timeout_s):
-        for k in range(n):
-            opts = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE,
-                                  output_partition_graphs=order is not None and k == 0)
+        for _ in range(n):
+            opts = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
             md = tf1.RunMetadata()
             s = time.perf_counter()
             # PlacedStep.run, where there is one, watches the workers while the step runs
@@ -157,15 +154,26 @@ def _traced_steps(st, n: int, timeout_s: float, order: dict | None = None) -> li
             rec = step_records(md.step_stats, st.traced.graph, st.spec.tf_devices)
             rec["wall_us"] = round(wall, 1)
             out.append(rec)
-            if order is not None and k == 0:
-                order.update(executor_order(md.partition_graphs, st.traced.graph, st.spec.tf_devices))
     return out
+
+
+def _step_order(st, timeout_s: float) -> dict[str, list[str]]:
+    """One untimed step that returns the workers' partition graphs: their
+    :func:`executor_order` (returning the graphs lengthens the step, so no timed or
+    traced step asks for them)."""
+    tf1 = import_tf().compat.v1
+    md = tf1.RunMetadata()
+    with _tf_errors(timeout_s):
+        getattr(st, "run", st.sess.run)(st.ops, options=tf1.RunOptions(output_partition_graphs=True),
+                                        run_metadata=md)
+    return executor_order(md.partition_graphs, st.traced.graph, st.spec.tf_devices)
 
 
 def capture(traced, placement, spec, steps: int = 3, warmup: int = 3, single_device: int | None = 0,
             timeout_s: float = 120.0, log=None) -> dict:
-    """Run ``steps`` FULL_TRACE steps of ``placement`` (after ``warmup`` untraced ones) and,
-    unless ``single_device`` is None, as many of every op on that one device; return the
+    """Run ``steps`` FULL_TRACE steps of ``placement`` (after ``warmup`` untraced ones, at
+    least 2, one of which returns the executor's order, ``out_order``) and, unless
+    ``single_device`` is None, as many of every op on that one device; return the
     timeline file as a dict (format ``placetool.timeline``, see
     :mod:`placetool.costmodel.timeline`)."""
     from placetool.costmodel.timeline import FORMAT, VERSION
@@ -179,13 +187,12 @@ def capture(traced, placement, spec, steps: int = 3, warmup: int = 3, single_dev
     if log:
         log(f"tracing {steps} steps of the placement ...")
     with PlacedStep(traced, p, spec, timeout_s) as st:
-        for _ in range(max(warmup - 1, 0)):
+        out["out_order"] = _step_order(st, timeout_s)  # one of the warm-up steps
+        for _ in range(max(warmup - 2, 0)):
             st.step()
         untraced = [st.step() for _ in range(max(steps, 1))]
         out["untraced_step_us"] = [round(x, 1) for x in untraced]
-        order: dict = {}
-        out["steps"] = _traced_steps(st, max(steps, 1), timeout_s, order)
-        out["out_order"] = order
+        out["steps"] = _traced_steps(st, max(steps, 1), timeout_s)
     if single_device is not None:
         if log:
             log(f"tracing {steps} steps of every op on device {single_device} ...")
